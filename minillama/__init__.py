@@ -1,0 +1,17 @@
+"""minillama: Llama 3.1 from the inside, one module per concept.
+
+Axis names used in code, cards, prose and figures: b batch, t new positions, s keys read (cached + new),
+d model width, h query heads, kv key/value heads, g query heads per KV head (h = kv · g), hd head width,
+p rotary pairs (hd / 2), v vocabulary.
+"""
+
+__version__ = "0.1.0"
+
+from .accounting import count_parameters, decode_step_bytes, flops_per_token, kv_cache_bytes, weight_bytes
+from .attention import Attention
+from .config import MODELS, ModelArgs
+from .ffn import FeedForward
+from .kv_cache import KVCache
+from .model import Transformer, TransformerBlock
+from .norm import RMSNorm
+from .rope import RotaryEmbedding, apply_rotary, inv_freq

@@ -1,0 +1,99 @@
+"""Exact parameter, memory and FLOP accounting from a config alone (chapter 1).
+
+Every weight matrix of Llama 3.1 follows from `ModelArgs`: an embedding and an untied output head of
+v × d, and per block four attention projections, three SwiGLU matrices and two RMSNorm gains, plus
+a final norm. `tests/test_accounting.py` checks the totals against the modules and the published
+8,030,261,248 / 70,553,706,496 / 405,853,388,800.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .config import ModelArgs
+
+
+def _n(x: int) -> str:
+    return f"{x:,}"
+
+
+@dataclass(frozen=True)
+class ParameterCount:
+    args: ModelArgs
+    embedding: int  # tok_embeddings: v × d
+    attention: int  # per block: wq, wk, wv, wo
+    feed_forward: int  # per block: w1, w2, w3
+    norms: int  # per block: attention_norm and ffn_norm gains
+    final_norm: int
+    output: int  # untied head: v × d
+
+    @property
+    def per_block(self) -> int:
+        return self.attention + self.feed_forward + self.norms
+
+    @property
+    def blocks(self) -> int:
+        return self.args.n_layers * self.per_block
+
+    @property
+    def total(self) -> int:
+        return self.embedding + self.blocks + self.final_norm + self.output
+
+    def table(self) -> list[tuple[str, str, int]]:
+        """Rows (component, calculation, parameters) in the order a forward pass meets them."""
+        a, L = self.args, self.args.n_layers
+        q, kv = a.n_heads * a.head_dim, a.n_kv_heads * a.head_dim
+        f = a.ffn_hidden_dim
+        return [
+            ("Token embedding", f"{_n(a.vocab_size)} × {_n(a.dim)}", self.embedding),
+            ("Query projection wq", f"{_n(a.dim)} × {_n(q)} × {L}", L * a.dim * q),
+            ("Key projection wk", f"{_n(a.dim)} × ({a.n_kv_heads} × {a.head_dim}) × {L}", L * a.dim * kv),
+            ("Value projection wv", f"{_n(a.dim)} × ({a.n_kv_heads} × {a.head_dim}) × {L}", L * a.dim * kv),
+            ("Output projection wo", f"{_n(q)} × {_n(a.dim)} × {L}", L * q * a.dim),
+            ("Gate w1 and up w3", f"2 × {_n(a.dim)} × {_n(f)} × {L}", L * 2 * a.dim * f),
+            ("Down w2", f"{_n(f)} × {_n(a.dim)} × {L}", L * f * a.dim),
+            ("RMSNorm gains", f"2 × {_n(a.dim)} × {L} + {_n(a.dim)}", L * self.norms + self.final_norm),
+            ("Output head", f"{_n(a.dim)} × {_n(a.vocab_size)}", self.output),
+            ("Total", "", self.total),
+        ]
+
+
+def count_parameters(args: ModelArgs) -> ParameterCount:
+    q, kv = args.n_heads * args.head_dim, args.n_kv_heads * args.head_dim
+    return ParameterCount(
+        args=args,
+        embedding=args.vocab_size * args.dim,
+        attention=args.dim * q + 2 * args.dim * kv + q * args.dim,
+        feed_forward=3 * args.dim * args.ffn_hidden_dim,
+        norms=2 * args.dim,
+        final_norm=args.dim,
+        output=args.dim * args.vocab_size,
+    )
+
+
+def kv_cache_bytes(args: ModelArgs, positions: int, batch: int = 1, bytes_per_value: float = 2) -> int:
+    """K and V for every layer, KV head and position: 2 · n_layers · kv · hd · positions · batch · bytes."""
+    return int(2 * args.n_layers * args.n_kv_heads * args.head_dim * positions * batch * bytes_per_value)
+
+
+def weight_bytes(args: ModelArgs, bytes_per_param: float = 2) -> int:
+    """All weights at a storage width: 2 for bf16, 1 for fp8, 0.5 for int4 (scales not counted)."""
+    return int(count_parameters(args).total * bytes_per_param)
+
+
+def decode_step_bytes(args: ModelArgs, context: int, batch: int = 1, bytes_per_value: float = 2) -> int:
+    """Bytes one decode step must read: every weight once (the embedding only for the batch's rows)
+    and the KV cache of `context` positions per sequence. The floor of a memory-bound step."""
+    c = count_parameters(args)
+    weights = c.total - c.embedding + batch * args.dim
+    return int(weights * bytes_per_value) + kv_cache_bytes(args, context, batch, bytes_per_value)
+
+
+def flops_per_token(args: ModelArgs, context: int) -> int:
+    """Forward FLOPs for one new position attending to `context` keys: 2 per weight of every matrix
+    product (embedding lookup excluded) plus the score and value products, 2 · 2 · h · hd · context
+    per layer."""
+    c = count_parameters(args)
+    matmul = args.n_layers * (c.attention + c.feed_forward) + c.output
+    attention = args.n_layers * 2 * 2 * args.n_heads * args.head_dim * context
+    return 2 * matmul + attention
