@@ -1,0 +1,446 @@
+"""Pinned citations: every claim a card or chapter makes about Llama 3.1, tied to the lines that show it.
+
+A `Source` names a repository, a pinned revision (a full commit sha, or a release tag), a path and
+one or more line ranges, with an evidence level: "direct" (those lines compute the claim) or
+"contextual" (they support it). The project cites these lines; it does not copy them.
+`reference_lines(key)` reads the cited lines live from the installed `llama_models` (or
+`transformers`) package for display beside minillama's code in a notebook.
+
+Pins (checked against the repositories' history):
+- meta-llama/llama3 @ a0940f9 `llama/model.py`: Meta's Llama 3 reference, which computes as Llama 3.1
+  except for the scaled rotary frequencies;
+- meta-llama/llama-models @ 0e0b8c5: the Llama 3.1 catalogue (`models/sku_list.py`) and the scaled
+  RoPE; its files are those of the `llama-models==0.3.0` wheel, line for line;
+- huggingface/transformers at release tags, where Hugging Face's layout differs from Meta's
+  (half-split rotary pairs and the q/k weight permutation that goes with them).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+LLAMA3 = ("meta-llama/llama3", "a0940f9cf7065d45bb6675660f80d305c041a754")
+LLAMA_MODELS = ("meta-llama/llama-models", "0e0b8c519242d5833d8c11bffc1232b77ad7f301")
+TRANSFORMERS = ("huggingface/transformers", "v5.24.0")
+# the conversion script left the transformers packages in 5.x; cited at the last 4.x release read here
+TRANSFORMERS_CONVERT = ("huggingface/transformers", "v4.46.3")
+
+# the installed package whose files hold a repository's pinned lines: repo -> (distribution, version,
+# repository path prefix, import name)
+INSTALLED = {
+    LLAMA_MODELS: ("llama-models", "0.3.0", "models/", "llama_models"),
+    TRANSFORMERS: ("transformers", "5.24.0", "src/transformers/", "transformers"),
+}
+
+EVIDENCE = ("direct", "contextual")
+_SHA = re.compile(r"[0-9a-f]{40}")
+_TAG = re.compile(r"v\d+(\.\d+)+")
+
+
+@dataclass(frozen=True)
+class Source:
+    key: str
+    claim: str
+    repo: str  # owner/name on GitHub
+    revision: str  # a full 40-hex commit sha, or a release tag such as v5.24.0
+    path: str  # path inside the repository
+    lines: tuple[tuple[int, int], ...]  # inclusive line ranges, in order; (a, b) alone is one range
+    evidence: str  # "direct" or "contextual"
+    note: str = ""
+    counterpart: str | None = None  # key of the same computation in the installed llama-models
+
+    def __post_init__(self):
+        lines = self.lines
+        if len(lines) == 2 and all(isinstance(n, int) for n in lines):
+            lines = (lines,)
+        object.__setattr__(self, "lines", tuple(tuple(r) for r in lines))
+        if self.evidence not in EVIDENCE:
+            raise ValueError(f"{self.key}: evidence={self.evidence!r} must be one of {EVIDENCE}")
+        if not (_SHA.fullmatch(self.revision) or _TAG.fullmatch(self.revision)):
+            raise ValueError(
+                f"{self.key}: revision={self.revision!r} must be a full 40-hex commit sha or a tag like v5.24.0"
+            )
+        previous_end = 0
+        for start, end in self.lines:
+            if not previous_end < start <= end:
+                raise ValueError(
+                    f"{self.key}: line ranges {self.lines} must be non-empty, ordered and disjoint"
+                )
+            previous_end = end
+
+    @property
+    def short_revision(self) -> str:
+        return self.revision[:12] if _SHA.fullmatch(self.revision) else self.revision
+
+    @property
+    def span(self) -> tuple[int, int]:
+        return self.lines[0][0], self.lines[-1][1]
+
+    @property
+    def url(self) -> str:
+        """The pinned file at the span of the cited lines (GitHub highlights one range)."""
+        start, end = self.span
+        anchor = f"#L{start}" if start == end else f"#L{start}-L{end}"
+        return f"https://github.com/{self.repo}/blob/{self.revision}/{self.path}{anchor}"
+
+    @property
+    def urls(self) -> tuple[str, ...]:
+        """One pinned link per cited range."""
+        base = f"https://github.com/{self.repo}/blob/{self.revision}/{self.path}"
+        return tuple(base + (f"#L{a}" if a == b else f"#L{a}-L{b}") for a, b in self.lines)
+
+    @property
+    def ranges(self) -> str:
+        return ", ".join(f"{a}" if a == b else f"{a}–{b}" for a, b in self.lines)
+
+    @property
+    def label(self) -> str:
+        """How a card names it: "model.py 93–120, 153–160"."""
+        return f"{Path(self.path).name} {self.ranges}"
+
+    def markdown(self) -> str:
+        return (
+            f"[{self.label}]({self.url}) · {self.evidence} · {self.claim} "
+            f"({self.repo} @ `{self.short_revision}`)"
+        )
+
+
+def _llama3(key, claim, lines, evidence="direct", path="llama/model.py", **kw) -> Source:
+    return Source(key, claim, *LLAMA3, path, lines, evidence, **kw)
+
+
+def _models(key, claim, path, lines, evidence="direct", **kw) -> Source:
+    return Source(key, claim, *LLAMA_MODELS, path, lines, evidence, **kw)
+
+
+def _hf(key, claim, path, lines, evidence="direct", pin=TRANSFORMERS, **kw) -> Source:
+    return Source(key, claim, *pin, path, lines, evidence, **kw)
+
+
+_ENTRIES = [
+    # the configuration: Meta's catalogue
+    _models(
+        "config",
+        "Meta's Llama 3.1 8B base catalogue entry: width, layers, query and KV heads, the vocabulary "
+        "(LLAMA3_VOCAB_SIZE, line 19), FFN rounding, epsilon, rope_theta and use_scaled_rope.",
+        "models/sku_list.py",
+        ((19, 19), (231, 248)),
+    ),
+    _models(
+        "config-70b",
+        "Meta's Llama 3.1 70B base catalogue entry (8,192 wide, 80 layers, 64 query and 8 KV heads).",
+        "models/sku_list.py",
+        ((19, 19), (249, 266)),
+    ),
+    _models(
+        "config-405b",
+        "Meta's Llama 3.1 405B base catalogue entry, BF16 weights for 8 GPUs (16,384 wide, 126 layers, "
+        "128 query and 8 KV heads, FFN multiplier 1.2).",
+        "models/sku_list.py",
+        ((19, 19), (267, 285)),
+    ),
+    _models(
+        "context",
+        "The Llama 3.1 family's maximum sequence length, 131,072 positions.",
+        "models/sku_types.py",
+        (199, 208),
+        note="line numbers read from the llama-models 0.3.0 wheel, the code at this revision",
+    ),
+    # Meta's reference implementation, meta-llama/llama3 llama/model.py
+    _llama3(
+        "heads",
+        "Head counts, the group size n_rep = n_heads // n_kv_heads and head_dim = dim // n_heads.",
+        (93, 98),
+        counterpart="ref-heads",
+    ),
+    _llama3(
+        "qkv",
+        "Separate bias-free Q/K/V projections use the query and KV head widths, then reshape into heads.",
+        ((93, 120), (153, 160)),
+        counterpart="ref-qkv",
+    ),
+    _llama3(
+        "attn-reshape",
+        "Queries reshape into query heads, keys and values into KV heads; the reference transposes "
+        "into head-first order for the score computation.",
+        ((93, 98), (153, 158), (179, 183)),
+        evidence="contextual",
+        counterpart="ref-attn-reshape",
+    ),
+    _llama3(
+        "rope",
+        "Complex-pair rotations apply to queries and keys (interleaved channel pairs), with their "
+        "original dtype restored.",
+        ((65, 75), (156, 160)),
+        counterpart="ref-rope",
+    ),
+    _llama3(
+        "rope-table",
+        "The rotary table is precomputed once for 2 · max_seq_len positions and sliced at "
+        "start_pos .. start_pos + seqlen each call.",
+        ((49, 54), (251, 275)),
+        evidence="contextual",
+        note="llama3's precompute_freqs_cis is unscaled; Llama 3.1 scales it (see rope-scaling)",
+        counterpart="ref-rope-table",
+    ),
+    _models(
+        "rope-scaling",
+        "Llama 3.1 frequency scaling: scale factor 8, low/high frequency factors 1 and 4, original "
+        "context 8,192; wavelengths above 8,192 divided by 8, below 2,048 kept, a smooth blend between; "
+        "applied when the table is precomputed with use_scaled.",
+        "models/llama3/model.py",
+        ((45, 62), (65, 72)),
+    ),
+    _llama3(
+        "gqa",
+        "Each KV head serves a group of n_rep query heads: the reference expands KV heads (query head i "
+        "reads KV head i // n_rep) before the score and value products.",
+        ((78, 87), (93, 98), (171, 183)),
+        counterpart="ref-gqa",
+    ),
+    _llama3(
+        "kv-cache",
+        "cache_k and cache_v buffers [max_batch, max_seq_len, n_kv_heads, head_dim]; a call writes rows "
+        "start_pos .. start_pos + seqlen - 1 and reads rows 0 .. start_pos + seqlen - 1.",
+        ((129, 144), (165, 169)),
+        counterpart="ref-kv-cache",
+    ),
+    _llama3(
+        "scores",
+        "Queries multiply transposed keys, scores are divided by the square root of the head width, a "
+        "causal mask (widened by start_pos zero columns) is added, and softmax runs over key positions "
+        "in float32.",
+        ((179, 187), (284, 296)),
+        counterpart="ref-scores",
+    ),
+    _llama3(
+        "retrieval",
+        "The attention weights multiply the values; head outputs are merged and passed through the "
+        "bias-free output projection wo.",
+        ((121, 127), (184, 190)),
+        counterpart="ref-retrieval",
+    ),
+    _llama3(
+        "rmsnorm",
+        "RMSNorm: x · rsqrt(mean(x²) + eps) computed in float32, cast back to the input dtype, times a "
+        "learned gain.",
+        (35, 46),
+        counterpart="ref-rmsnorm",
+    ),
+    _llama3(
+        "swiglu",
+        "SwiGLU feed-forward: hidden = int(2 · 4d / 3), times ffn_dim_multiplier, rounded up to "
+        "multiple_of; w2(silu(w1 x) · w3 x), all bias-free.",
+        (193, 219),
+        counterpart="ref-swiglu",
+    ),
+    _llama3(
+        "handoff",
+        "Attention receives attention_norm(x) and its update is added to x; the feed-forward receives "
+        "ffn_norm(h) and its update is added to h.",
+        (236, 248),
+        counterpart="ref-handoff",
+    ),
+    _llama3(
+        "transformer",
+        "The model: token embedding, n_layers blocks, final RMSNorm and an untied output head.",
+        (251, 275),
+        counterpart="ref-transformer",
+    ),
+    _llama3(
+        "logits",
+        "forward(tokens, start_pos): embed, run the blocks with the causal mask, final norm, logits in "
+        "float32.",
+        (277, 302),
+        counterpart="ref-logits",
+    ),
+    _llama3(
+        "generation-dtype",
+        "Inference runs in bf16 on GPUs that support it (else fp16): the default tensor type is set "
+        "before the model is built.",
+        (105, 108),
+        evidence="contextual",
+        path="llama/generation.py",
+        counterpart="ref-generation-dtype",
+    ),
+    # the same computations in meta-llama/llama-models models/llama3 (the installed 0.3.0 wheel)
+    _models(
+        "ref-heads", "Head counts, n_rep and head_dim (llama-models).", "models/llama3/model.py", (111, 116)
+    ),
+    _models(
+        "ref-qkv",
+        "Bias-free Q/K/V projections and the reshape into heads (llama-models).",
+        "models/llama3/model.py",
+        ((111, 138), (171, 178)),
+    ),
+    _models(
+        "ref-attn-reshape",
+        "Reshape into query and KV heads, then head-first transposes (llama-models).",
+        "models/llama3/model.py",
+        ((171, 176), (193, 195)),
+        evidence="contextual",
+    ),
+    _models(
+        "ref-rope",
+        "Complex-pair rotation of queries and keys (llama-models).",
+        "models/llama3/model.py",
+        ((83, 93), (174, 178)),
+    ),
+    _models(
+        "ref-rope-table",
+        "The scaled rotary table for 2 · max_seq_len positions (llama-models).",
+        "models/llama3/model.py",
+        ((65, 72), (273, 278)),
+        evidence="contextual",
+    ),
+    _models(
+        "ref-gqa",
+        "repeat_kv and the expansion of KV heads before the products (llama-models).",
+        "models/llama3/model.py",
+        ((96, 105), (111, 116), (189, 195)),
+    ),
+    _models(
+        "ref-kv-cache",
+        "The cache buffers, and the rows a call writes and reads (llama-models).",
+        "models/llama3/model.py",
+        ((147, 162), (183, 187)),
+    ),
+    _models(
+        "ref-scores",
+        "Scaled scores, the causal mask widened by start_pos, float32 softmax (llama-models).",
+        "models/llama3/model.py",
+        ((193, 199), (287, 303)),
+    ),
+    _models(
+        "ref-retrieval",
+        "Weights times values, merged heads, output projection wo (llama-models).",
+        "models/llama3/model.py",
+        ((139, 145), (196, 202)),
+    ),
+    _models("ref-rmsnorm", "RMSNorm in float32 (llama-models).", "models/llama3/model.py", (31, 42)),
+    _models("ref-swiglu", "The SwiGLU feed-forward (llama-models).", "models/llama3/model.py", (205, 225)),
+    _models(
+        "ref-handoff",
+        "Pre-norm residual handoff in the block (llama-models).",
+        "models/llama3/model.py",
+        (242, 254),
+    ),
+    _models(
+        "ref-transformer",
+        "Embedding, blocks, final norm, untied head (llama-models).",
+        "models/llama3/model.py",
+        (257, 278),
+    ),
+    _models(
+        "ref-logits",
+        "The forward pass: mask, blocks, final norm, float32 logits (llama-models).",
+        "models/llama3/model.py",
+        (280, 309),
+    ),
+    _models(
+        "ref-generation-dtype",
+        "bf16 by default on GPUs that support it, else fp16 (llama-models).",
+        "models/llama3/generation.py",
+        (126, 130),
+        evidence="contextual",
+    ),
+    # Hugging Face transformers, where its layout differs from Meta's
+    _hf(
+        "hf-rope",
+        "Hugging Face rotates half-split pairs (channel i with i + head_dim/2): cos/sin tables repeat the "
+        "frequencies twice, rotate_half and apply_rotary_pos_emb.",
+        "src/transformers/models/llama/modeling_llama.py",
+        ((110, 116), (119, 123), (126, 149)),
+    ),
+    _hf(
+        "hf-rope-scaling",
+        "Hugging Face's llama3 rope_type computes the same scaled inverse frequencies from the config's "
+        "factor, low/high frequency factors and original_max_position_embeddings.",
+        "src/transformers/modeling_rope_utils.py",
+        (581, 663),
+    ),
+    _hf(
+        "hf-attention",
+        "Hugging Face keeps queries, keys and values head-first, [b, heads, t, head_dim], and its cache "
+        "stores keys and values in that layout.",
+        "src/transformers/models/llama/modeling_llama.py",
+        ((168, 177), (241, 252)),
+        evidence="contextual",
+    ),
+    _hf(
+        "hf-permute",
+        "Meta's wq and wk rows are permuted into the half-split layout when a checkpoint is converted to "
+        "Hugging Face's format (wv, wo untouched).",
+        "src/transformers/models/llama/convert_llama_weights_to_hf.py",
+        ((221, 223), (244, 251)),
+        pin=TRANSFORMERS_CONVERT,
+        note="the conversion script is not shipped in the transformers 5.x packages",
+    ),
+]
+
+SOURCES: dict[str, Source] = {s.key: s for s in _ENTRIES}
+
+
+@dataclass(frozen=True)
+class ReferenceLines:
+    """Cited lines read from an installed package: shown beside minillama's code, never copied."""
+
+    source: Source
+    package: str
+    version: str
+    text: str
+
+    def __str__(self) -> str:
+        return f"# {self.package} {self.version} · {self.source.label}\n{self.text}"
+
+    def _repr_markdown_(self) -> str:
+        return (
+            f"**{self.package} {self.version}** · [{self.source.label}]({self.source.url})\n\n"
+            f"```python\n{self.text}\n```"
+        )
+
+
+def _installed_file(source: Source) -> tuple[Path, str, str]:
+    pin = (source.repo, source.revision)
+    if pin not in INSTALLED:
+        raise ValueError(
+            f"{source.key} is pinned to {source.repo} @ {source.short_revision}, which no installed package "
+            f"holds; installed pins: {sorted(f'{r} @ {v}' for r, v in INSTALLED)}"
+        )
+    dist, pinned_version, prefix, module = INSTALLED[pin]
+    version = importlib.metadata.version(dist)
+    if version != pinned_version:
+        raise ValueError(
+            f"{source.key}: the line numbers are those of {dist}=={pinned_version}, but {version} is "
+            f"installed; install {dist}=={pinned_version} to read the cited lines"
+        )
+    spec = importlib.util.find_spec(module)
+    root = Path(next(iter(spec.submodule_search_locations)))
+    return root / source.path.removeprefix(prefix), dist, version
+
+
+def reference_lines(key: str) -> ReferenceLines:
+    """The cited lines of `SOURCES[key]` as the installed package has them (llama-models 0.3.0 for
+    Meta's code, transformers 5.24.0 for Hugging Face's). A meta-llama/llama3 claim is shown through its
+    llama-models counterpart, the same computation in the installed package."""
+    if key not in SOURCES:
+        raise ValueError(f"unknown source {key!r}; known: {', '.join(SOURCES)}")
+    source = SOURCES[key]
+    if (source.repo, source.revision) not in INSTALLED and source.counterpart:
+        source = SOURCES[source.counterpart]
+    path, dist, version = _installed_file(source)
+    lines = path.read_text().splitlines()
+    parts, previous_end = [], None
+    for start, end in source.lines:
+        if previous_end is not None and start > previous_end + 1:
+            skipped = (
+                f"{previous_end + 1}" if start - 1 == previous_end + 1 else f"{previous_end + 1}–{start - 1}"
+            )
+            parts.append(f"# … lines {skipped} omitted …")
+        parts.extend(lines[start - 1 : end])
+        previous_end = end
+    return ReferenceLines(source, dist, version, "\n".join(parts))
