@@ -15,3 +15,4 @@ from .kv_cache import KVCache
 from .model import Transformer, TransformerBlock
 from .norm import RMSNorm
 from .rope import RotaryEmbedding, apply_rotary, inv_freq
+from .tokenizer import Tokenizer
