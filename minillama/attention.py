@@ -11,7 +11,6 @@ Shapes: x `[b, t, d]`; q `[b, kv, g, t, hd]`; k, v `[b, kv, s, hd]`, s = keys re
 `[b or 1, 1, (g t), s]`, True where a query may read a key.
 """
 
-import torch
 import torch.nn.functional as F
 from einops import rearrange
 from torch import nn

@@ -12,7 +12,9 @@ from torch import nn
 
 
 class KVCache(nn.Module):
-    def __init__(self, batch_size: int, max_seq_len: int, n_kv_heads: int, head_dim: int, device=None, dtype=None):
+    def __init__(
+        self, batch_size: int, max_seq_len: int, n_kv_heads: int, head_dim: int, device=None, dtype=None
+    ):
         super().__init__()
         shape = (batch_size, n_kv_heads, max_seq_len, head_dim)
         # persistent=False: the cache is state of a generation, not of the model, so it stays out of state_dict

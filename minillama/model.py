@@ -67,7 +67,12 @@ class Transformer(nn.Module):
         w = self.output.weight
         for layer in self.layers:
             layer.attention.cache = KVCache(
-                batch_size, max_seq_len, self.args.n_kv_heads, self.args.head_dim, device=w.device, dtype=w.dtype
+                batch_size,
+                max_seq_len,
+                self.args.n_kv_heads,
+                self.args.head_dim,
+                device=w.device,
+                dtype=w.dtype,
             )
 
     def clear_cache(self) -> None:
@@ -111,25 +116,35 @@ class Transformer(nn.Module):
         if torch.compiler.is_compiling():
             return
         if tokens.ndim != 2 or tokens.dtype not in (torch.int32, torch.int64):
-            raise ValueError(f"tokens must be an integer tensor [batch, positions]; got {tuple(tokens.shape)} {tokens.dtype}")
+            raise ValueError(
+                f"tokens must be an integer tensor [batch, positions]; got {tuple(tokens.shape)} {tokens.dtype}"
+            )
         b, t = tokens.shape
         # a value check reads the tokens back; skip it only for single-token steps on an accelerator
         if (tokens.device.type == "cpu" or t > 1) and tokens.numel():
             lo, hi = int(tokens.min()), int(tokens.max())
             if lo < 0 or hi >= self.args.vocab_size:
-                raise ValueError(f"token ids must be in 0..{self.args.vocab_size - 1}; got ids from {lo} to {hi}")
+                raise ValueError(
+                    f"token ids must be in 0..{self.args.vocab_size - 1}; got ids from {lo} to {hi}"
+                )
         if start_pos is None:
             if t > self.args.max_seq_len:
                 raise ValueError(f"{t} positions exceed max_seq_len={self.args.max_seq_len}")
             return
         if self.cache_shape is None:
-            raise ValueError("start_pos needs a KV cache: call model.setup_cache(batch_size, max_seq_len) first")
+            raise ValueError(
+                "start_pos needs a KV cache: call model.setup_cache(batch_size, max_seq_len) first"
+            )
         cache_b, cache_s = self.cache_shape
         if b > cache_b:
-            raise ValueError(f"batch of {b} sequences is larger than the cache's batch_size={cache_b}; call setup_cache again")
+            raise ValueError(
+                f"batch of {b} sequences is larger than the cache's batch_size={cache_b}; call setup_cache again"
+            )
         if isinstance(start_pos, torch.Tensor):
             if start_pos.ndim > 1 or (start_pos.ndim == 1 and start_pos.shape[0] != b):
-                raise ValueError(f"start_pos tensor must be 0-d or [{b}] (one start per row); got {tuple(start_pos.shape)}")
+                raise ValueError(
+                    f"start_pos tensor must be 0-d or [{b}] (one start per row); got {tuple(start_pos.shape)}"
+                )
             if start_pos.device.type != "cpu":
                 return  # reading it back would synchronise every decode step
             first, last = int(start_pos.min()), int(start_pos.max())

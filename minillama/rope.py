@@ -54,7 +54,9 @@ class RotaryEmbedding(nn.Module):
         self._build(device=None)
 
     def _build(self, device) -> None:
-        angles = torch.outer(torch.arange(self.args.max_seq_len, device=device).float(), inv_freq(self.args, device))
+        angles = torch.outer(
+            torch.arange(self.args.max_seq_len, device=device).float(), inv_freq(self.args, device)
+        )
         self.register_buffer("cos", angles.cos(), persistent=False)
         self.register_buffer("sin", angles.sin(), persistent=False)
 
