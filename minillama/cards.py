@@ -24,6 +24,7 @@ import functools
 import hashlib
 import html
 import itertools
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -741,8 +742,6 @@ def _ffn_width_text(a: ModelArgs) -> str:
 
 def _rope_bands(a: ModelArgs) -> str:
     """How many rotary pairs Llama 3.1's scaling keeps, divides and blends (from the module's frequencies)."""
-    import math
-
     base = inv_freq(a.replace(use_scaled_rope=False))
     wavelen = 2 * math.pi / base
     short = a.rope_original_max_seq_len / a.rope_high_freq_factor
