@@ -1,0 +1,94 @@
+# minillama: every target creates .venv on first use and installs the pinned environment.
+#   make book     build the site from the notebooks' stored outputs -> _build/html/index.html
+#   make test     everything CI runs: ruff, pytest, nbval over the notebooks, a -W book build, the browser test
+#   make execute  re-execute every notebook in place (CPU or GPU) to refresh the stored outputs
+#   make lab      JupyterLab on notebooks/, minillama importable
+#   make bench    python -m minillama bench (ARGS="..." passes options)
+#   make clean    remove build outputs (keeps .venv; `make distclean` removes it too)
+
+SHELL := /bin/bash
+.SHELLFLAGS := -euo pipefail -c
+.NOTPARALLEL:
+.DEFAULT_GOAL := help
+
+PYTHON ?= $(shell command -v python3.11 2>/dev/null || command -v python3)
+VENV := .venv
+BIN := $(VENV)/bin
+# Where torch==2.13.0 comes from. Empty: pip's configured indexes. On a machine where that would pull a
+# CUDA build, pass the CPU index: make test TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+TORCH_INDEX_URL ?=
+TORCH_PIN := torch==2.13.0
+# Reinstalls whenever requirements.txt or pyproject.toml changes.
+STAMP := $(VENV)/.installed
+NOTEBOOKS := $(sort $(wildcard notebooks/*.ipynb))
+CELL_TIMEOUT ?= 600
+
+.PHONY: help venv book test lint pytest nbval book-strict browser-test execute lab bench clean distclean
+
+help:
+	@sed -n '2,7p' Makefile | sed 's/^# *//'
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+$(STAMP): requirements.txt pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet pip==26.3
+	$(BIN)/python -m pip install --quiet $(TORCH_PIN) -c requirements.txt \
+	  $(if $(TORCH_INDEX_URL),--index-url $(TORCH_INDEX_URL) --extra-index-url https://pypi.org/simple)
+	$(BIN)/python -m pip install --quiet -r requirements.txt
+	$(BIN)/python -m pip install --quiet --no-deps --no-build-isolation -e .
+	touch $@
+
+venv: $(STAMP)
+
+book: $(STAMP)
+	$(BIN)/jupyter-book build .
+	@echo "The book: $(CURDIR)/_build/html/index.html"
+
+test: lint pytest nbval book-strict browser-test
+	@echo "make test: all checks passed"
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+
+pytest: $(STAMP)
+	$(BIN)/python -m pytest tests/ --ignore=tests/test_site.py
+
+# Every notebook re-executed on this machine and its stored outputs compared (text exactly; images not).
+nbval: $(STAMP)
+ifeq ($(NOTEBOOKS),)
+	@echo "nbval: no notebooks in notebooks/ yet, nothing to compare"
+else
+	$(BIN)/python -m pytest --nbval --nbval-current-env --nbval-cell-timeout=$(CELL_TIMEOUT) \
+	  --nbval-sanitize-with tests/nbval_sanitize.cfg $(NOTEBOOKS)
+endif
+
+# --all: reread every page, so warnings of pages unchanged since the last build are not skipped.
+book-strict: $(STAMP)
+	$(BIN)/jupyter-book build --all -W --keep-going .
+
+browser-test: $(STAMP)
+	-@.ci/install-chromium || echo "chromium is not installed: the browser test skips (fails under CI=true)"
+	$(BIN)/python -m pytest tests/test_site.py
+
+execute: $(STAMP)
+ifeq ($(NOTEBOOKS),)
+	@echo "execute: no notebooks in notebooks/ yet"
+else
+	$(BIN)/jupyter nbconvert --to notebook --execute --inplace \
+	  --ExecutePreprocessor.timeout=$(CELL_TIMEOUT) --ExecutePreprocessor.kernel_name=python3 $(NOTEBOOKS)
+endif
+
+lab: $(STAMP)
+	$(BIN)/jupyter lab --notebook-dir=notebooks
+
+bench: $(STAMP)
+	$(BIN)/python -m minillama bench $(ARGS)
+
+clean:
+	rm -rf _build .jupyter_cache .pytest_cache .ruff_cache *.egg-info
+	find . -path ./.venv -prune -o \( -name __pycache__ -o -name .ipynb_checkpoints \) -type d -print0 \
+	  | xargs -0 rm -rf
+
+distclean: clean
+	rm -rf $(VENV)

@@ -1,0 +1,162 @@
+"""Facts about the repository itself, checked cheaply: the toc and the notebooks agree, the environment is
+pinned, the README leads with its two commands, and the stored outputs are the outputs of one clean run."""
+
+import ast
+import json
+import os
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+
+
+def _toc_files(entry) -> list[str]:
+    found = []
+    if isinstance(entry, dict):
+        for key in ("root", "file"):
+            if key in entry:
+                found.append(str(entry[key]))
+        for key in ("parts", "chapters", "sections"):
+            for child in entry.get(key) or []:
+                found.extend(_toc_files(child))
+    return found
+
+
+TOC_FILES = _toc_files(yaml.safe_load((ROOT / "_toc.yml").read_text()))
+
+
+def _source(entry: str) -> Path | None:
+    """The file a toc entry names (jupyter-book lets the suffix be left off)."""
+    candidates = [ROOT / entry] if Path(entry).suffix else [ROOT / f"{entry}{s}" for s in (".md", ".ipynb")]
+    return next((c for c in candidates if c.is_file()), None)
+
+
+def test_every_toc_entry_exists():
+    missing = [entry for entry in TOC_FILES if _source(entry) is None]
+    assert not missing, f"_toc.yml lists files that do not exist: {missing}"
+
+
+def test_every_notebook_is_in_the_toc_and_vice_versa():
+    in_toc = {_source(e).relative_to(ROOT).as_posix() for e in TOC_FILES if _source(e) is not None}
+    notebooks_in_toc = {p for p in in_toc if p.startswith("notebooks/")}
+    on_disk = {nb.relative_to(ROOT).as_posix() for nb in NOTEBOOKS}
+    assert on_disk - notebooks_in_toc == set(), f"notebooks missing from _toc.yml: {sorted(on_disk - in_toc)}"
+    assert notebooks_in_toc - on_disk == set(), (
+        f"_toc.yml lists absent notebooks: {sorted(notebooks_in_toc - on_disk)}"
+    )
+
+
+def test_chapters_are_numbered_in_toc_order():
+    chapters = [Path(e).stem for e in TOC_FILES if e.startswith("notebooks/")]
+    numbers = [int(re.match(r"(\d+)_", c).group(1)) if re.match(r"\d+_", c) else None for c in chapters]
+    assert None not in numbers, f"chapter notebooks are named NN_topic.ipynb: {chapters}"
+    assert numbers == sorted(numbers) and len(set(numbers)) == len(numbers), f"toc order: {chapters}"
+
+
+def test_requirements_are_pinned_exactly():
+    lines = [ln.strip() for ln in (ROOT / "requirements.txt").read_text().splitlines()]
+    reqs = [ln for ln in lines if ln and not ln.startswith("#")]
+    unpinned = [r for r in reqs if not re.fullmatch(r"[A-Za-z0-9_.\-\[\],]+==[A-Za-z0-9_.!]+", r)]
+    assert not unpinned, (
+        f"requirements.txt lines without an exact == pin (local labels like +cpu neither): {unpinned}"
+    )
+    assert "torch==2.13.0" in reqs, "torch must be pinned to exactly 2.13.0"
+    names = [re.split(r"[=\[]", r)[0].lower().replace("_", "-") for r in reqs]
+    assert len(names) == len(set(names)), "a package is pinned twice"
+    for needed in ("jupyter-book", "nbval", "pytest", "ruff", "selenium", "llama-models", "transformers"):
+        assert needed in names, f"requirements.txt lacks {needed}"
+
+
+def test_makefile_installs_torch_first():
+    makefile = (ROOT / "Makefile").read_text()
+    torch_at = makefile.index("$(TORCH_PIN)")
+    assert torch_at < makefile.index("-r requirements.txt") < makefile.index("-e ."), (
+        "the Makefile installs torch==2.13.0, then requirements.txt, then the package"
+    )
+    assert "TORCH_PIN := torch==2.13.0" in makefile
+
+
+def test_readme_leads_with_the_two_commands():
+    readme = (ROOT / "README.md").read_text()
+    assert "make book" in readme and "make test" in readme
+    first_section = readme.split("\n## ", 2)[1] if "\n## " in readme else readme
+    assert "make book" in first_section and "make test" in first_section, (
+        "the two commands come first in the README"
+    )
+
+
+def test_ci_runs_the_readme_test_command():
+    run = ROOT / ".ci" / "run"
+    assert os.access(run, os.X_OK), ".ci/run must be executable"
+    text = run.read_text()
+    assert "set -euo pipefail" in text and "make test" in text
+
+
+def test_gitignore_covers_build_outputs():
+    ignored = set((ROOT / ".gitignore").read_text().split())
+    for entry in (".venv/", "_build/", ".jupyter_cache/", "checkpoints/"):
+        assert entry in ignored, f".gitignore lacks {entry}"
+
+
+def test_version_is_a_literal():
+    """pyproject.toml reads the version statically from minillama/__init__.py; a computed one breaks that."""
+    tree = ast.parse((ROOT / "minillama" / "__init__.py").read_text())
+    values = [
+        node.value
+        for node in tree.body
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "__version__" for t in node.targets)
+    ]
+    assert len(values) == 1 and isinstance(values[0], ast.Constant) and isinstance(values[0].value, str)
+    assert re.fullmatch(r"\d+\.\d+\.\d+", values[0].value)
+
+
+def test_bibliography_entries_are_complete():
+    from pybtex.database import parse_file
+
+    entries = parse_file(str(ROOT / "book" / "references.bib")).entries
+    assert len(entries) >= 7
+    for key, entry in entries.items():
+        assert entry.fields.get("title") and entry.persons.get("author"), f"{key}: title and authors"
+        assert re.fullmatch(r"(19|20)\d\d", entry.fields.get("year", "")), f"{key}: year"
+        has_id = re.fullmatch(r"\d{4}\.\d{4,5}", entry.fields.get("eprint", "")) or entry.fields.get("doi")
+        assert has_id, f"{key}: an arXiv id (eprint) or a DOI"
+
+
+def test_how_to_read_example_numbers():
+    """The worked card example on the how-to-read page, recomputed from Meta's 8B configuration
+    (dim 4096, 32 layers, 32 heads, 8 KV heads, meta-llama/llama-models sku_list.py)."""
+    dim, n_layers, n_heads, n_kv_heads = 4096, 32, 32, 8
+    hd = dim // n_heads
+    per_block = 2 * dim * dim + 2 * dim * n_kv_heads * hd
+    kv_per_token = 2 * n_layers * n_kv_heads * hd * 2
+    page = (ROOT / "book" / "how_to_read.md").read_text()
+    for number in (dim * dim, dim * n_kv_heads * hd, per_block, per_block * n_layers):
+        assert f"{number:,}" in page, f"{number:,} missing from the worked example"
+    assert kv_per_token == 128 * 1024 and "128 KiB per token" in page
+    assert f"{kv_per_token * 1001 / 2**20:.1f} MiB" in page
+    assert f"{kv_per_token * 131072 // 2**30} GiB" in page
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.name)
+def test_notebook_stored_outputs_are_one_clean_run(notebook):
+    """Every code cell was executed, in order, in one kernel session (what `make execute` produces)."""
+    cells = [c for c in json.loads(notebook.read_text())["cells"] if c["cell_type"] == "code"]
+    counts = [c.get("execution_count") for c in cells if "".join(c["source"]).strip()]
+    assert None not in counts, f"{notebook.name}: cells never executed; run `make execute`"
+    assert counts == list(range(1, len(counts) + 1)), (
+        f"{notebook.name}: execution counts {counts} are not 1..n"
+    )
+    for i, cell in enumerate(cells):
+        for out in cell.get("outputs", []):
+            assert out.get("output_type") != "error", f"{notebook.name}: code cell {i} stores an error"
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.name)
+def test_notebook_has_no_machine_paths(notebook):
+    text = notebook.read_text()
+    found = re.findall(r"(?:/work/|/root/|/home/[a-z]|/Users/[A-Za-z]|/tmp/ml)[^\s\"'\\]*", text)
+    assert not found, f"{notebook.name} stores machine paths: {sorted(set(found))[:5]}"

@@ -1,0 +1,407 @@
+"""The site as a reader sees it: every page of the table of contents opened in headless Chromium.
+
+The site is built by `make test` (a -W build) before this runs; if `_build/html` is missing, the fixture builds
+it. Pages are served over a local http.server on 127.0.0.1 and opened with selenium driving Debian's
+`chromium` + `chromium-driver`. Per page: it loads without SEVERE console errors, every <img> is a non-empty
+file that decodes, it has a title, it is reachable from the index's navigation, no stored output shows a
+traceback or a warning, the footer names the version; per chapter (notebooks/* in _toc.yml): the card is
+rendered as a table and the Colab button opens that notebook. Screenshots of every page (light, dark, 390 px
+mobile) go to _build/screenshots/.
+
+Without chromium the tests skip, except under CI=true, where they fail.
+"""
+
+import ast
+import base64
+import functools
+import os
+import re
+import struct
+import subprocess
+import sys
+import threading
+import time
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import ClassVar
+from urllib.parse import unquote, urlparse
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+HTML = ROOT / "_build" / "html"
+SHOTS = ROOT / "_build" / "screenshots"
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMEDRIVER = Path("/usr/bin/chromedriver")
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+DESKTOP_WIDTH, MOBILE_WIDTH, VIEW_HEIGHT, MAX_SHOT_HEIGHT = 1280, 390, 900, 12000
+# text in a rendered output area that means a stored output shows a failure
+BAD_OUTPUT = re.compile(r"Traceback|Warning|warnings\.warn")
+
+
+def _toc_files(entry) -> list[str]:
+    """Every `file:` of _toc.yml (root first, then in reading order)."""
+    found = []
+    if isinstance(entry, dict):
+        for key in ("root", "file"):
+            if key in entry:
+                found.append(str(entry[key]))
+        for key in ("parts", "chapters", "sections"):
+            for child in entry.get(key) or []:
+                found.extend(_toc_files(child))
+    return found
+
+
+TOC = yaml.safe_load((ROOT / "_toc.yml").read_text())
+CONFIG = yaml.safe_load((ROOT / "_config.yml").read_text())
+PAGES = [re.sub(r"\.(md|ipynb)$", "", f) for f in _toc_files(TOC)]
+CHAPTERS = [p for p in PAGES if p.startswith("notebooks/")]
+
+
+def _version() -> str:
+    tree = ast.parse((ROOT / "minillama" / "__init__.py").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(
+            getattr(t, "id", None) == "__version__" for t in node.targets
+        ):
+            return ast.literal_eval(node.value)
+    raise ValueError("minillama/__init__.py has no literal __version__")
+
+
+def _shot_name(page: str, variant: str) -> Path:
+    return SHOTS / f"{page.replace('/', '__')}-{variant}.png"
+
+
+@pytest.fixture(scope="session")
+def site() -> Path:
+    if not (HTML / "index.html").exists():
+        jupyter_book = Path(sys.executable).with_name("jupyter-book")
+        subprocess.run([str(jupyter_book), "build", str(ROOT)], cwd=ROOT, check=True)
+    return HTML
+
+
+class _Handler(SimpleHTTPRequestHandler):
+    failures: ClassVar[list[str]] = []  # what the server answered with 4xx/5xx since the last page
+
+    def log_request(self, code="-", size="-"):
+        if str(code).isdigit() and int(code) >= 400:
+            self.failures.append(f"{int(code)} {self.path}")
+
+    def log_message(self, format, *args):  # keep the test output clean
+        pass
+
+
+@pytest.fixture(scope="session")
+def server(site):
+    handler = functools.partial(_Handler, directory=str(site))
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    httpd.shutdown()
+    httpd.server_close()
+    thread.join(timeout=5)
+
+
+def _require_browser():
+    missing = [str(p) for p in (CHROMIUM, CHROMEDRIVER) if not p.exists()]
+    try:
+        import selenium  # noqa: F401
+    except ImportError:
+        missing.append("the selenium package (pip install -r requirements.txt)")
+    if missing:
+        reason = f"browser test needs {', '.join(missing)}; install with .ci/install-chromium"
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI=true and {reason}")
+        pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def driver(tmp_path_factory):
+    _require_browser()
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = str(CHROMIUM)
+    for flag in FLAGS:
+        options.add_argument(flag)
+    options.add_argument(f"--user-data-dir={tmp_path_factory.mktemp('chromium-profile')}")
+    options.add_argument(f"--window-size={DESKTOP_WIDTH},{VIEW_HEIGHT}")
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    browser = webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=options)
+    browser.set_page_load_timeout(60)
+    browser.set_script_timeout(30)
+    yield browser
+    browser.quit()
+
+
+def _wait_loaded(driver, timeout=30.0):
+    deadline = time.monotonic() + timeout
+    while driver.execute_script("return document.readyState") != "complete":
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{driver.current_url} did not finish loading in {timeout} s")
+        time.sleep(0.05)
+    # images: load lazy ones too, and wait until each has decoded or failed
+    driver.execute_async_script(
+        """const done = arguments[arguments.length - 1];
+        const imgs = Array.from(document.images);
+        imgs.forEach(i => { i.loading = 'eager'; });
+        Promise.all(imgs.map(i => i.decode().catch(() => null))).then(() => done(true));"""
+    )
+
+
+def _set_theme(driver, mode: str):
+    driver.execute_cdp_cmd(
+        "Emulation.setEmulatedMedia", {"features": [{"name": "prefers-color-scheme", "value": mode}]}
+    )
+    driver.execute_script(
+        "localStorage.setItem('mode', arguments[0]); localStorage.setItem('theme', arguments[0]);"
+        "document.documentElement.dataset.mode = arguments[0];"
+        "document.documentElement.dataset.theme = arguments[0];",
+        mode,
+    )
+    time.sleep(0.3)  # let the theme's colour transitions finish
+    return driver.execute_script("return getComputedStyle(document.body).backgroundColor")
+
+
+def _screenshot(driver, path: Path, width: int):
+    mobile = width < 600
+    metrics = {"width": width, "height": VIEW_HEIGHT, "deviceScaleFactor": 1, "mobile": mobile}
+    driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride", metrics)
+    time.sleep(0.2)
+    height = min(int(driver.execute_script("return document.documentElement.scrollHeight")), MAX_SHOT_HEIGHT)
+    shot = driver.execute_cdp_cmd(
+        "Page.captureScreenshot",
+        {
+            "format": "png",
+            "captureBeyondViewport": True,
+            "clip": {"x": 0, "y": 0, "width": width, "height": max(height, VIEW_HEIGHT), "scale": 1},
+        },
+    )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(base64.b64decode(shot["data"]))
+    driver.execute_cdp_cmd("Emulation.clearDeviceMetricsOverride", {})
+
+
+_FACTS_JS = """
+const outputs = Array.from(document.querySelectorAll('div.cell_output'));
+return {
+  title: document.title,
+  h1: Array.from(document.querySelectorAll('h1')).map(h => h.innerText),
+  footer: (document.querySelector('.bd-footer-content') || document.body).innerText,
+  images: Array.from(document.images).map(i => ({
+    src: i.currentSrc || i.src, attr: i.getAttribute('src'), width: i.naturalWidth, alt: i.alt})),
+  outputs: outputs.map(o => ({
+    text: o.innerText,
+    tables: Array.from(o.querySelectorAll('table')).map(t => t.innerText),
+    errors: o.querySelectorAll('.output.error, .output.traceback').length})),
+  links: Array.from(document.querySelectorAll('a[href]')).map(a => a.href),
+};
+"""
+
+
+# Wait for MathJax (loaded from its CDN) to typeset, then count the math elements it left as raw TeX.
+_MATH_JS = """
+const done = arguments[arguments.length - 1];
+const count = () => ({
+  math: document.querySelectorAll('.math').length,
+  raw: Array.from(document.querySelectorAll('.math')).filter(e => !e.querySelector('mjx-container')).length,
+});
+if (!document.querySelector('.math')) { done({...count(), loaded: null}); return; }
+const t0 = Date.now();
+(function poll() {
+  const mj = window.MathJax;
+  if (mj && mj.startup && mj.startup.promise) {
+    mj.startup.promise.then(() => done({...count(), loaded: true}));
+  } else if (Date.now() - t0 > 20000) {
+    done({...count(), loaded: false});
+  } else {
+    setTimeout(poll, 100);
+  }
+})();
+"""
+
+
+def _collect(driver, server: str, page: str) -> dict:
+    path = HTML / f"{page}.html"
+    if not path.exists():
+        pytest.fail(f"{page}: {path.relative_to(ROOT)} was not built; run `make book`")
+    _Handler.failures.clear()
+    driver.get_log("browser")  # drop what earlier pages logged
+    driver.get(f"{server}/{page}.html")
+    _wait_loaded(driver)
+    facts = driver.execute_script(_FACTS_JS)
+    facts["logs"] = driver.get_log("browser")
+    facts["http_failures"] = list(_Handler.failures)
+    mathjax_offline = any(
+        "mathjax" in e.get("message", "").lower() and _is_offline_external(e, server) for e in facts["logs"]
+    )
+    facts["math"] = {"offline": True} if mathjax_offline else driver.execute_async_script(_MATH_JS)
+    facts["background"] = {}
+    for mode in ("light", "dark"):
+        facts["background"][mode] = _set_theme(driver, mode)
+        _screenshot(driver, _shot_name(page, mode), DESKTOP_WIDTH)
+    _set_theme(driver, "light")
+    _screenshot(driver, _shot_name(page, "mobile"), MOBILE_WIDTH)
+    return facts
+
+
+@pytest.fixture(scope="session")
+def visit(driver, server):
+    cache: dict[str, dict] = {}
+
+    def _visit(page: str) -> dict:
+        if page not in cache:
+            cache[page] = _collect(driver, server, page)
+        return cache[page]
+
+    return _visit
+
+
+@pytest.fixture(scope="session")
+def index_navigation(driver, server) -> set[str]:
+    """Paths the landing page's navigation links to (index.html redirects to the root page)."""
+    root_html = f"{PAGES[0]}.html"
+    driver.get(f"{server}/index.html")
+    deadline = time.monotonic() + 15
+    while not urlparse(driver.current_url).path.endswith(root_html):
+        if time.monotonic() > deadline:
+            pytest.fail(f"index.html did not redirect to {root_html} (at {driver.current_url})")
+        time.sleep(0.1)
+    _wait_loaded(driver)
+    hrefs = driver.execute_script(
+        "return Array.from(document.querySelectorAll('nav a[href], .bd-sidebar-primary a[href]'))"
+        ".map(a => a.href)"
+    )
+    return {urlparse(h).path for h in hrefs if h.startswith(server)} | {f"/{root_html}"}
+
+
+def _is_offline_external(entry: dict, server: str) -> bool:
+    """A resource from another origin (the MathJax CDN) that failed because this machine is offline."""
+    message = entry.get("message", "")
+    return (
+        message.startswith(("http://", "https://"))
+        and not message.startswith(server)
+        and (
+            "net::ERR_NAME_NOT_RESOLVED" in message
+            or "net::ERR_INTERNET_DISCONNECTED" in message
+            or "net::ERR_CONNECTION" in message
+            or "net::ERR_ADDRESS_UNREACHABLE" in message
+        )
+    )
+
+
+def test_toc_has_pages():
+    assert PAGES and PAGES[0] == TOC["root"], "the root page comes first"
+    assert len(PAGES) == len(set(PAGES)), "a page is listed twice in _toc.yml"
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_page_loads_without_console_errors(page, visit, server):
+    facts = visit(page)
+    severe = [e for e in facts["logs"] if e.get("level") == "SEVERE"]
+    offline = [e["message"] for e in severe if _is_offline_external(e, server)]
+    if offline:
+        print(f"{page}: tolerated (offline, another origin): {offline}")
+    errors = [e["message"] for e in severe if not _is_offline_external(e, server)]
+    assert not errors, f"{page}: console errors: {errors}"
+    assert not facts["http_failures"], f"{page}: the local server answered errors: {facts['http_failures']}"
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_page_has_title_and_footer(page, visit):
+    facts = visit(page)
+    assert facts["title"].strip() and "<no title>" not in facts["title"], f"{page}: no <title>"
+    assert CONFIG["title"] in facts["title"], f"{page}: title {facts['title']!r} lacks the book's title"
+    assert facts["h1"], f"{page}: no <h1> heading"
+    footer = facts["footer"]
+    assert f"minillama {_version()}" in footer, f"{page}: footer does not name the version: {footer!r}"
+    assert "stored outputs of" in footer and "{outputs_date}" not in footer, f"{page}: footer: {footer!r}"
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_images_exist_and_decode(page, visit, server):
+    for img in visit(page)["images"]:
+        src = img["src"]
+        if src.startswith(server):
+            file = HTML / unquote(urlparse(src).path).lstrip("/")
+            assert file.is_file(), f"{page}: <img src={img['attr']!r}> has no file {file.relative_to(ROOT)}"
+            assert file.stat().st_size > 0, f"{page}: {file.relative_to(ROOT)} is empty"
+        else:
+            assert src.startswith("data:image/"), f"{page}: <img> hot-links another site: {src}"
+        assert img["width"] > 0, f"{page}: <img src={img['attr']!r}> did not decode (naturalWidth 0)"
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_page_reachable_from_index_navigation(page, visit, index_navigation):
+    visit(page)
+    assert f"/{page}.html" in index_navigation, f"{page} is not linked from the landing page's navigation"
+
+
+def test_navigation_links_resolve(index_navigation):
+    for path in index_navigation:
+        file = HTML / unquote(path).lstrip("/")
+        assert file.is_file(), f"the navigation links to {path}, which was not built"
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_outputs_show_no_traceback_or_warning(page, visit):
+    for i, output in enumerate(visit(page)["outputs"]):
+        assert not output["errors"], f"{page}: output area {i} stores an error output"
+        bad = BAD_OUTPUT.search(output["text"])
+        assert not bad, f"{page}: output area {i} shows {bad.group()!r}: {output['text'][:300]!r}"
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_math_typeset(page, visit):
+    math = visit(page)["math"]
+    if math.get("offline"):
+        pytest.skip(f"{page}: MathJax's CDN is unreachable from this machine, so math cannot be typeset here")
+    if math["loaded"] is None:
+        return  # no math on this page
+    assert math["loaded"], f"{page}: MathJax did not start within 20 s"
+    assert math["raw"] == 0, f"{page}: {math['raw']} of {math['math']} math elements were left as raw TeX"
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_screenshots_saved(page, visit):
+    facts = visit(page)
+    for variant, width in (("light", DESKTOP_WIDTH), ("dark", DESKTOP_WIDTH), ("mobile", MOBILE_WIDTH)):
+        png = _shot_name(page, variant)
+        assert png.is_file() and png.stat().st_size > 0, f"{page}: screenshot {png.name} missing or empty"
+        head = png.read_bytes()[:24]
+        assert head[:8] == b"\x89PNG\r\n\x1a\n", f"{png.name} is not a PNG"
+        assert struct.unpack(">I", head[16:20])[0] == width, f"{png.name} is not {width} px wide"
+    assert facts["background"]["light"] != facts["background"]["dark"], f"{page}: dark theme did not apply"
+
+
+@pytest.mark.parametrize("page", CHAPTERS)
+def test_chapter_opens_with_card_table(page, visit):
+    outputs = visit(page)["outputs"]
+    card = next((o for o in outputs if "Parameters" in o["text"]), None)
+    assert card is not None, f"{page}: no output area mentions 'Parameters' (the card)"
+    assert any("parameters" in t.lower() for t in card["tables"]), (
+        f"{page}: the first output area with 'Parameters' has no rendered <table> (the card's accounting)"
+    )
+
+
+@pytest.mark.parametrize("page", CHAPTERS)
+def test_chapter_colab_button_opens_this_notebook(page, visit):
+    repo = urlparse(CONFIG["repository"]["url"]).path.strip("/")
+    branch = CONFIG["repository"].get("branch", "main")
+    book_path = str(CONFIG["repository"].get("path_to_book", ".")).strip("/.")
+    notebook = "/".join(p for p in (book_path, f"{page}.ipynb") if p)
+    expected = f"{CONFIG['launch_buttons']['colab_url']}/github/{repo}/blob/{branch}/{notebook}"
+    assert (ROOT / f"{page}.ipynb").is_file()
+    colab = [h for h in visit(page)["links"] if "colab.research.google.com" in h]
+    assert expected in colab, f"{page}: Colab button {colab} does not open {expected}"
