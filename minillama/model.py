@@ -121,7 +121,7 @@ class Transformer(nn.Module):
             )
         b, t = tokens.shape
         # a value check reads the tokens back; skip it only for single-token steps on an accelerator
-        if (tokens.device.type == "cpu" or t > 1) and tokens.numel():
+        if (tokens.device.type == "cpu" or t > 1) and not tokens.is_meta and tokens.numel():
             lo, hi = int(tokens.min()), int(tokens.max())
             if lo < 0 or hi >= self.args.vocab_size:
                 raise ValueError(
