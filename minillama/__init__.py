@@ -10,8 +10,10 @@ __version__ = "0.1.0"
 from .accounting import count_parameters, decode_step_bytes, flops_per_token, kv_cache_bytes, weight_bytes
 from .attention import Attention
 from .cards import card, card_tabs, tensor_card
+from .checkpoint import load, load_args, save
 from .config import MODELS, ModelArgs
 from .ffn import FeedForward
+from .generate import decode_one_token, generate, prefill, sample
 from .kv_cache import KVCache
 from .model import Transformer, TransformerBlock
 from .norm import RMSNorm

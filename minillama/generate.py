@@ -1,0 +1,232 @@
+"""Text generation: prefill the prompt, then decode one token at a time from the KV cache (chapter 7).
+
+Autoregressive decoding: x_{n+1} ~ softmax(logits(x_1..x_n) / temperature), restricted to the top-k
+tokens and/or the smallest set whose probability reaches top_p (Holtzman et al. 2019, "nucleus
+sampling"), or argmax when temperature is 0. Meta's loop (meta-llama/llama3 `llama/generation.py`)
+recomputes nothing: `prefill` runs the whole prompt once and fills the cache, then `decode_one_token`
+feeds one token per row per step. The two are separate functions, as in pytorch-labs/gpt-fast, so the
+small, shape-static decode step is what chapter 8 compiles: its position is a tensor, so
+`torch.compile(decode_one_token, fullgraph=True)` never recompiles as positions advance.
+
+Ragged batches: prompts of different lengths are right-padded into one `[b, t]` tensor; prefill reads
+each row's logits at its own last prompt position, and decode feeds row r at position len_r + i. A
+row never reads a padded cache row: decode overwrites position len_r before any query attends to
+it, and the causal mask hides everything beyond. So each row gets what it gets alone (the test checks it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+import torch
+
+from .model import Transformer
+
+
+def sample(
+    logits: torch.Tensor,
+    temperature: float = 0.0,
+    top_k: int | None = None,
+    top_p: float = 1.0,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """Next tokens `[b]` from logits `[b, v]`: argmax when temperature is 0, else a draw from the
+    tempered softmax restricted to the top_k largest logits and to the top_p nucleus."""
+    if temperature == 0:
+        return logits.argmax(dim=-1)
+    logits = logits.float() / temperature
+    if top_k is not None and top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    if top_p < 1.0:
+        # Meta's rule (llama3 `llama/generation.py` sample_top_p): keep the most probable tokens until
+        # the mass before a token reaches top_p; the most probable token always stays
+        sorted_probs, order = torch.sort(probs, dim=-1, descending=True)
+        drop = sorted_probs.cumsum(dim=-1) - sorted_probs > top_p
+        probs = probs.scatter(-1, order, sorted_probs.masked_fill(drop, 0.0))
+    # a draw from probs without a host sync: argmax of probs / Exp(1) noise (the exponential race,
+    # as gpt-fast samples); masked tokens have probability 0 and can never win
+    # (clamped away from 0, where 0 / 0 would be NaN and argmax would pick a masked token)
+    noise = (
+        torch.empty_like(probs).exponential_(1, generator=generator).clamp_min_(torch.finfo(probs.dtype).tiny)
+    )
+    return (probs / noise).argmax(dim=-1)
+
+
+def prefill(
+    model: Transformer, tokens: torch.Tensor, lengths: torch.Tensor, **sampling
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Run right-padded prompts `[b, t]` (row r holds `lengths[r]` real tokens) through the model from
+    position 0, filling the cache; returns the first new tokens `[b, 1]` and their logits `[b, v]`."""
+    logits = model(tokens, start_pos=0, logits_at=lengths - 1)[:, 0]
+    return sample(logits, **sampling)[:, None], logits
+
+
+def decode_one_token(
+    model: Transformer, token: torch.Tensor, pos: torch.Tensor, **sampling
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One decode step: `token` `[b, 1]` at positions `pos` `[b]` (a tensor, so a compiled step does
+    not specialise on it) -> the next tokens `[b, 1]` and their logits `[b, v]`."""
+    logits = model(token, start_pos=pos)[:, 0]
+    return sample(logits, **sampling)[:, None], logits
+
+
+def _prompt_ids(prompts, tokenizer) -> list[list[int]]:
+    if isinstance(prompts, (str, torch.Tensor)) or (
+        isinstance(prompts, Sequence) and prompts and isinstance(prompts[0], int)
+    ):
+        raise ValueError(
+            "prompts must be a list of prompts, e.g. [ids] or ['text']; wrap a single prompt in a list"
+        )
+    if not prompts:
+        raise ValueError("prompts is empty; pass at least one prompt")
+    rows = []
+    for i, prompt in enumerate(prompts):
+        if isinstance(prompt, str):
+            if tokenizer is None:
+                raise ValueError(f"prompt {i} is text; pass tokenizer= to encode it (or pass token ids)")
+            prompt = tokenizer.encode(prompt, bos=True)
+        prompt = prompt.tolist() if isinstance(prompt, torch.Tensor) else list(prompt)
+        if not prompt:
+            raise ValueError(
+                f"prompt {i} is empty; a prompt needs at least one token (e.g. <|begin_of_text|>)"
+            )
+        rows.append([int(t) for t in prompt])
+    return rows
+
+
+def _check_sampling(temperature, top_k, top_p, max_new_tokens):
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens={max_new_tokens} must be at least 1")
+    if temperature < 0:
+        raise ValueError(f"temperature={temperature} must be >= 0 (0 is greedy)")
+    if top_k is not None and top_k < 1:
+        raise ValueError(f"top_k={top_k} must be at least 1 (or None for no top-k cut)")
+    if not 0 < top_p <= 1:
+        raise ValueError(f"top_p={top_p} must be in (0, 1] (1 keeps every token)")
+
+
+def _setup(model: Transformer, rows: list[list[int]], max_new_tokens: int, max_seq_len: int | None) -> None:
+    """Check that the prompts and new tokens fit, and give the model a cache that holds them."""
+    b, longest = len(rows), max(len(r) for r in rows)
+    needed = longest + max_new_tokens - 1  # the last new token is never fed back
+    limit = max_seq_len if max_seq_len is not None else model.args.max_seq_len
+    if needed > limit:
+        raise ValueError(
+            f"a prompt of {longest} tokens + {max_new_tokens} new tokens needs {needed} cache positions, more "
+            f"than max_seq_len={limit}; shorten the prompt, lower max_new_tokens to {max(limit - longest + 1, 0)}"
+            f"{', or pass a larger max_seq_len' if max_seq_len is not None else ''}"
+        )
+    vocab = model.args.vocab_size
+    for i, row in enumerate(rows):
+        if min(row) < 0 or max(row) >= vocab:
+            raise ValueError(f"prompt {i} has token ids outside 0..{vocab - 1} (the model's vocab_size)")
+    shape = model.cache_shape
+    if max_seq_len is not None:
+        if shape is None or shape[0] < b or shape[1] != max_seq_len:
+            model.setup_cache(b, max_seq_len)
+    elif shape is None or shape[0] < b or shape[1] < needed:
+        model.setup_cache(b, needed)
+
+
+@torch.inference_mode()
+def _steps(model: Transformer, rows, max_new_tokens, stops, sampling) -> Iterator[torch.Tensor]:
+    """Prefill, then decode; yields each step's new tokens `[b]` (on the model's device) until every
+    row has produced a stop token or `max_new_tokens` tokens."""
+    device = model.output.weight.device
+    b, longest = len(rows), max(len(r) for r in rows)
+    tokens = torch.zeros(b, longest, dtype=torch.long)
+    for r, row in enumerate(rows):
+        tokens[r, : len(row)] = torch.tensor(row)  # right-padded with 0; the pads are never attended to
+    tokens = tokens.to(device)
+    lengths = torch.tensor([len(r) for r in rows], device=device)
+    stop_ids = torch.tensor(sorted(stops), dtype=torch.long, device=device)
+    # the stop check reads a flag back to the host: free on a CPU, a sync per step on an accelerator,
+    # so there it runs every few steps (tokens after a row's stop are dropped anyway)
+    check_every = 1 if device.type == "cpu" else 8
+
+    token, _ = prefill(model, tokens, lengths, **sampling)
+    done = torch.isin(token[:, 0], stop_ids)
+    yield token[:, 0]
+    pos = lengths.clone()
+    for step in range(1, max_new_tokens):
+        if step % check_every == 0 and bool(done.all()):
+            return
+        token, _ = decode_one_token(model, token, pos, **sampling)
+        pos += 1
+        done |= torch.isin(token[:, 0], stop_ids)
+        yield token[:, 0]
+
+
+def _trim(ids: list[int], stops: set[int]) -> list[int]:
+    for i, t in enumerate(ids):
+        if t in stops:
+            return ids[:i]
+    return ids
+
+
+def generate(
+    model: Transformer,
+    prompts,
+    max_new_tokens: int = 32,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    top_k: int | None = None,
+    seed: int = 0,
+    stop_tokens: Sequence[int] | None = None,
+    stream: bool = False,
+    tokenizer=None,
+    max_seq_len: int | None = None,
+):
+    """Continue each prompt by up to `max_new_tokens` tokens.
+
+    `prompts`: a list of token-id lists, or of strings when `tokenizer` is given (encoded with
+    `<|begin_of_text|>`). Greedy when `temperature` is 0; otherwise sampled with a generator seeded by
+    `seed` (the same seed gives the same tokens; a batch draws from one generator, so a sampled row
+    need not match its unbatched run, while greedy rows always do). A row ends at its first stop
+    token (default: the tokenizer's `stop_tokens`, eos 128001, eom 128008, eot 128009; none without a
+    tokenizer); the stop token is not returned. The cache is set up for the longest prompt + the new
+    tokens unless the model's cache already fits (`max_seq_len` forces its length).
+
+    Returns a list with each row's new token ids; with `stream=True` (one prompt) an iterator of text
+    pieces as they decode (UTF-8 safe: no piece ends inside a character) when a tokenizer is given,
+    else of token ids.
+    """
+    _check_sampling(temperature, top_k, top_p, max_new_tokens)
+    rows = _prompt_ids(prompts, tokenizer)
+    if stop_tokens is None:
+        stop_tokens = tokenizer.stop_tokens if tokenizer is not None else ()
+    stops = {int(t) for t in stop_tokens}
+    device = model.output.weight.device
+    generator = None
+    if temperature > 0:
+        generator = torch.Generator(device=device).manual_seed(seed)
+    sampling = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "generator": generator}
+    if stream and len(rows) != 1:
+        raise ValueError(
+            f"stream=True decodes one prompt; got {len(rows)} (call once per prompt, or stream=False)"
+        )
+    _setup(model, rows, max_new_tokens, max_seq_len)  # before any generator starts: errors raise here
+    if stream:
+        return _stream(_steps(model, rows, max_new_tokens, stops, sampling), stops, tokenizer)
+    out = torch.stack(list(_steps(model, rows, max_new_tokens, stops, sampling)), dim=1)
+    return [_trim(row, stops) for row in out.tolist()]
+
+
+def _stream(steps: Iterator[torch.Tensor], stops: set[int], tokenizer) -> Iterator[str] | Iterator[int]:
+    decoder = None
+    if tokenizer is not None:
+        from .tokenizer import StreamDecoder
+
+        decoder = StreamDecoder(tokenizer)
+    for token in steps:
+        t = int(token[0])
+        if t in stops:
+            break
+        if decoder is None:
+            yield t
+        elif piece := decoder.push(t):
+            yield piece
+    if decoder is not None and (rest := decoder.flush()):
+        yield rest
