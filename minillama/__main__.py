@@ -1,0 +1,299 @@
+"""The command line: `python -m minillama generate | count | card | bench`.
+
+    python -m minillama generate --checkpoint DIR --prompt "The capital of France is"
+    python -m minillama generate --checkpoint DIR --chat --prompt "Write a haiku about llamas"
+    python -m minillama generate --model tiny --prompt hi          # random weights, no checkpoint
+    python -m minillama count llama-3.1-8b                         # the parameter accounting table
+    python -m minillama card attention --model llama-3.1-8b --mode decode --positions 1000
+    python -m minillama bench                                      # decode/prefill throughput
+
+Bad arguments end with exit code 2 and one line on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from .accounting import count_parameters
+from .config import MODELS, ModelArgs
+
+PROG = "python -m minillama"
+
+
+class UsageError(Exception):
+    """A bad argument: reported as one line, exit code 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # argparse prints the usage and exits; one line is enough
+        raise UsageError(f"{message} (see {self.prog} --help)")
+
+
+def _model_args(name: str) -> ModelArgs:
+    if name not in MODELS:
+        raise UsageError(f"unknown model {name!r}; valid models: {', '.join(MODELS)}")
+    return MODELS[name]
+
+
+def _dtype(name: str) -> torch.dtype | None:
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}.get(name)
+
+
+def _device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise UsageError(f"unknown device {name!r}; use cpu, cuda, cuda:N or mps") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise UsageError(f"device {name!r} requested but CUDA is not available (torch {torch.__version__})")
+    return device
+
+
+def random_model(args: ModelArgs, device, dtype, seed: int = 0):
+    """A model of `args`'s shape with random weights (N(0, 0.02), norm gains 1), made on `device`
+    without first building it anywhere else."""
+    from .model import Transformer
+
+    with torch.device("meta"):
+        model = Transformer(args)
+    model = model.to_empty(device=device).to(dtype)
+    generator = torch.Generator(device=device).manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.fill_(1.0)
+            else:
+                p.normal_(0.0, 0.02, generator=generator)
+    return model.eval()
+
+
+def cmd_generate(ns) -> int:
+    from .checkpoint import load
+    from .generate import generate
+    from .tokenizer import StreamDecoder, Tokenizer
+
+    if (ns.checkpoint is None) == (ns.model is None):
+        raise UsageError(
+            "pass exactly one of --checkpoint DIR (real weights) or --model NAME (random weights)"
+        )
+    device = _device(ns.device)
+    dtype = _dtype(ns.dtype)
+    started = time.perf_counter()
+    if ns.checkpoint is not None:
+        if not Path(ns.checkpoint).is_dir():
+            raise UsageError(f"checkpoint directory not found: {ns.checkpoint}")
+        model = load(
+            ns.checkpoint, device=device, dtype=dtype, progress=not ns.quiet, max_seq_len=ns.max_seq_len
+        )
+        tokenizer = Tokenizer.default(checkpoint=ns.checkpoint)
+    else:
+        args = _model_args(ns.model)
+        if ns.max_seq_len is not None:
+            args = args.replace(max_seq_len=ns.max_seq_len)
+        dtype = dtype or (torch.float32 if device.type == "cpu" else torch.bfloat16)
+        print(
+            f"{args.name}: random weights (seed {ns.seed}), not a trained model: expect gibberish",
+            file=sys.stderr,
+        )
+        model = random_model(args, device, dtype, ns.seed)
+        tokenizer = Tokenizer.default()
+    if model.args.vocab_size < tokenizer.n_words:
+        raise UsageError(
+            f"the model's vocab_size={model.args.vocab_size} is smaller than the tokenizer's {tokenizer.n_words}"
+        )
+    loaded = time.perf_counter()
+    if ns.chat:
+        messages = [{"role": "system", "content": ns.system}] if ns.system else []
+        ids = tokenizer.encode_dialog([*messages, {"role": "user", "content": ns.prompt}])
+    else:
+        ids = tokenizer.encode(ns.prompt, bos=True)
+    steps = generate(
+        model,
+        [ids],
+        max_new_tokens=ns.max_new_tokens,
+        temperature=ns.temperature,
+        top_p=ns.top_p,
+        top_k=ns.top_k,
+        seed=ns.seed,
+        stop_tokens=tokenizer.stop_tokens,
+        stream=True,
+    )
+    decoder = StreamDecoder(tokenizer)
+    start = time.perf_counter()
+    first = last = None
+    count = 0
+    for token in steps:
+        last = time.perf_counter()
+        first = first or last
+        count += 1
+        print(decoder.push(token), end="", flush=True)
+    print(decoder.flush())
+    report = [
+        f"loaded in {loaded - started:.1f} s on {device} ({model.output.weight.dtype})".replace("torch.", "")
+    ]
+    if first is not None:
+        report.append(f"prefill {len(ids)} tokens in {(first - start) * 1e3:.0f} ms")
+    if count > 1:
+        report.append(f"decode {count - 1} tokens at {(count - 1) / (last - first):.1f} tok/s")
+    print("; ".join(report), file=sys.stderr)
+    return 0
+
+
+def cmd_count(ns) -> int:
+    if ns.model in MODELS:
+        args = MODELS[ns.model]
+    elif Path(ns.model).is_dir():
+        from .checkpoint import load_args
+
+        args = load_args(ns.model)
+    else:
+        raise UsageError(
+            f"unknown model {ns.model!r}; valid models: {', '.join(MODELS)} (or a checkpoint directory)"
+        )
+    rows = [(name, calc, f"{n:,}") for name, calc, n in count_parameters(args).table()]
+    header = ("component", "calculation", "parameters")
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(3)]
+    print(f"{args.name}: parameters")
+    for i, (name, calc, n) in enumerate([header, *rows]):
+        if i == len(rows):  # before the total
+            print("-" * (sum(widths) + 4))
+        print(f"{name:<{widths[0]}}  {calc:<{widths[1]}}  {n:>{widths[2]}}".rstrip())
+    return 0
+
+
+def _delegate(module: str, function: str, what: str, argv: list[str]) -> int:
+    if importlib.util.find_spec(f"minillama.{module}") is None:
+        raise UsageError(f"`{what}` is not available in this version of minillama (no minillama.{module})")
+    target = getattr(importlib.import_module(f"minillama.{module}"), function, None)
+    if target is None:
+        raise UsageError(f"`{what}` is not available: minillama.{module} has no {function}()")
+    return target(argv) or 0
+
+
+# commands whose module parses its own arguments: (module, function, help)
+DELEGATED = {
+    "card": (
+        "cards",
+        "main_card",
+        "print a component or tensor card (COMPONENT --model M --mode decode --positions P)",
+    ),
+    "bench": ("bench", "main", "decode/prefill throughput and achieved bandwidth"),
+}
+
+
+def parser() -> argparse.ArgumentParser:
+    top = _Parser(
+        prog=PROG,
+        description="minillama: Llama 3.1 from the inside. Generate text, count parameters, print cards, benchmark.",
+        epilog=f"Run `{PROG} COMMAND --help` for a command's options.",
+    )
+    sub = top.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+
+    g = sub.add_parser(
+        "generate",
+        help="stream a continuation of a prompt (or a chat reply), then report tok/s on stderr",
+        description="Stream text from a checkpoint (Meta or Hugging Face layout), or from a model of a named "
+        "shape with random weights. Timings go to stderr: load, prefill, decode tok/s.",
+    )
+    src = g.add_argument_group("weights (one of)")
+    src.add_argument(
+        "--checkpoint",
+        metavar="DIR",
+        help="a Meta (params.json + consolidated.*.pth) or Hugging Face "
+        "(config.json + *.safetensors) checkpoint directory; its tokenizer.model if present",
+    )
+    src.add_argument(
+        "--model", metavar="NAME", help=f"random weights of a catalogue shape: {', '.join(MODELS)}"
+    )
+    g.add_argument("--prompt", required=True, help="the prompt text (encoded after <|begin_of_text|>)")
+    g.add_argument(
+        "--chat",
+        action="store_true",
+        help="wrap the prompt as a user message in the Llama 3.1 chat format and stop at <|eot_id|>",
+    )
+    g.add_argument("--system", help="with --chat: a system message before the user's")
+    g.add_argument(
+        "--max-new-tokens", type=int, default=128, metavar="N", help="most tokens to generate (128)"
+    )
+    g.add_argument(
+        "--temperature", type=float, default=0.6, metavar="T", help="0 is greedy (default 0.6, Meta's)"
+    )
+    g.add_argument(
+        "--top-p",
+        type=float,
+        default=0.9,
+        metavar="P",
+        help="nucleus: keep the most likely tokens up to this mass (default 0.9, Meta's; 1 keeps all)",
+    )
+    g.add_argument("--top-k", type=int, default=None, metavar="K", help="keep only the K most likely tokens")
+    g.add_argument(
+        "--seed", type=int, default=0, metavar="S", help="seed of the sampler (and of random weights)"
+    )
+    g.add_argument("--device", default="auto", help="cpu, cuda, cuda:N, mps (default: cuda if available)")
+    g.add_argument(
+        "--dtype",
+        default="auto",
+        choices=("auto", "float32", "bfloat16", "float16"),
+        help="weights dtype (default: the checkpoint's; random weights: float32 on CPU, else bfloat16)",
+    )
+    g.add_argument(
+        "--max-seq-len",
+        type=int,
+        default=None,
+        metavar="N",
+        help="cap the context (rotary tables, largest cache); default: the config's",
+    )
+    g.add_argument("--quiet", action="store_true", help="no progress bar while loading")
+    g.set_defaults(run=cmd_generate)
+
+    c = sub.add_parser(
+        "count",
+        help="the parameter accounting table of a model",
+        description="Exact parameter counts per component, from the config alone (no weights).",
+    )
+    c.add_argument("model", metavar="MODEL", help=f"one of {', '.join(MODELS)}, or a checkpoint directory")
+    c.set_defaults(run=cmd_count)
+
+    for name, (module, function, text) in DELEGATED.items():
+        p = sub.add_parser(name, help=text, add_help=False, description=text)
+        p.add_argument(
+            "rest", nargs=argparse.REMAINDER, help=f"arguments of `{name}` (see `{PROG} {name} --help`)"
+        )
+    return top
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    p = parser()
+    try:
+        if argv and argv[0] in DELEGATED:  # their own parser sees every argument, --help included
+            return _delegate(*DELEGATED[argv[0]][:2], argv[0], argv[1:])
+        ns = p.parse_args(argv)
+        if ns.command is None:
+            p.print_help()
+            return 2
+        return ns.run(ns)
+    except UsageError as error:
+        print(f"{PROG}: error: {error}", file=sys.stderr)
+        return 2
+    except (
+        ValueError,
+        FileNotFoundError,
+    ) as error:  # a bad checkpoint, prompt or setting: say what, no traceback
+        print(f"{PROG}: error: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
