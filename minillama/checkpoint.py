@@ -22,7 +22,8 @@ Two layouts hold the same weights:
 
 Loading is memory-lean: the model is built on the `meta` device (no storage), each tensor is read from a
 memory-mapped file straight to the target device and dtype (no copy at all when both already match), and
-`load_state_dict(assign=True)` adopts the tensors. Every name, shape and dtype is checked before any
+`load_state_dict(assign=True)` adopts the tensors; model-parallel shards are merged one shard at a time.
+`benchmarks/load_memory.py` measures peak RSS against the file size. Every name, shape and dtype is checked before any
 weight is read, so a bad checkpoint fails in milliseconds with the name of the tensor at fault.
 """
 
@@ -438,20 +439,18 @@ def _load_hf(root: Path, args: ModelArgs, expected: dict, device, dtype, progres
     _check(found, expected, args, config, hf=True, tied=tied)
     dtype = dtype or found["tok_embeddings.weight"][1]
     state = {}
-    bar = tqdm(total=len(stored), desc="loading tensors", unit="tensor", disable=not progress)
-    for file in files:
+    for name, (file, hf_name) in tqdm(
+        stored.items(), desc="loading tensors", unit="tensor", disable=not progress
+    ):
+        # one short-lived mapping per tensor: what a conversion (dtype, device, q/k order) leaves behind is
+        # unmapped at once, instead of the whole file staying resident until the end
         with safe_open(file, framework="pt") as f:
-            for name, (source, hf_name) in stored.items():
-                if source != file:
-                    continue
-                w = f.get_tensor(hf_name)  # a view of the memory-mapped file: nothing is read yet
-                if name.endswith("attention.wq.weight"):
-                    w = hf_unpermute(w, args.n_heads)
-                elif name.endswith("attention.wk.weight"):
-                    w = hf_unpermute(w, args.n_kv_heads)
-                state[name] = w.to(device=device, dtype=dtype)
-                bar.update()
-    bar.close()
+            w = f.get_tensor(hf_name)  # a view of the memory-mapped file: nothing is read yet
+        if name.endswith("attention.wq.weight"):
+            w = hf_unpermute(w, args.n_heads)
+        elif name.endswith("attention.wk.weight"):
+            w = hf_unpermute(w, args.n_kv_heads)
+        state[name] = w.to(device=device, dtype=dtype)  # no copy when dtype and device already match
     return state
 
 
@@ -505,15 +504,28 @@ def _load_meta(root: Path, args: ModelArgs, expected: dict, device, dtype, progr
         found[name] = (tuple(shape), first[name].dtype, where)
     _check(found, expected, args, config, hf=False, tied=False)
     dtype = dtype or found["tok_embeddings.weight"][1]
-    state = {}
-    for name in tqdm(list(found), desc="loading tensors", unit="tensor", disable=not progress):
-        if len(shards) == 1:
-            w = first[name]  # a view of the mapped file
-        elif dims[name] is None:
-            w = first[name].clone()  # replicated: one copy, so the mapped shards can be released
-        else:
-            w = torch.cat([s[name] for s in shards], dim=dims[name])
-        state[name] = w.to(device=device, dtype=dtype)
+    if len(shards) == 1:  # views of the mapped file (copied only to change dtype or device)
+        return {
+            name: first[name].to(device=device, dtype=dtype)
+            for name in tqdm(found, desc="loading tensors", unit="tensor", disable=not progress)
+        }
+    # several shards: allocate each merged tensor once, then fill it shard by shard, releasing each
+    # shard's mapping before opening the next, so the peak is the weights plus one shard
+    state = {name: torch.empty(found[name][0], dtype=dtype, device=device) for name in found}
+    del first, shards
+    offsets = dict.fromkeys(found, 0)
+    for path in tqdm(paths, desc="merging shards", unit="shard", disable=not progress):
+        shard = torch.load(path, map_location="cpu", mmap=True, weights_only=True)
+        for name, out in state.items():
+            piece, dim = shard[name], dims[name]
+            if dim is None:
+                if offsets[name] == 0:  # replicated (the norms): the first rank's copy
+                    out.copy_(piece)
+                    offsets[name] = 1
+                continue
+            out.narrow(dim, offsets[name], piece.shape[dim]).copy_(piece)
+            offsets[name] += piece.shape[dim]
+        del shard
     return state
 
 
