@@ -175,19 +175,18 @@ def _set_theme(driver, mode: str):
 
 
 def _screenshot(driver, path: Path, width: int):
+    """The whole page: the viewport is stretched to the page's height (capped), so sticky sidebars and
+    100vh layouts render as a reader scrolling through would see them."""
     mobile = width < 600
     metrics = {"width": width, "height": VIEW_HEIGHT, "deviceScaleFactor": 1, "mobile": mobile}
     driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride", metrics)
     time.sleep(0.2)
     height = min(int(driver.execute_script("return document.documentElement.scrollHeight")), MAX_SHOT_HEIGHT)
-    shot = driver.execute_cdp_cmd(
-        "Page.captureScreenshot",
-        {
-            "format": "png",
-            "captureBeyondViewport": True,
-            "clip": {"x": 0, "y": 0, "width": width, "height": max(height, VIEW_HEIGHT), "scale": 1},
-        },
+    driver.execute_cdp_cmd(
+        "Emulation.setDeviceMetricsOverride", {**metrics, "height": max(height, VIEW_HEIGHT)}
     )
+    time.sleep(0.3)
+    shot = driver.execute_cdp_cmd("Page.captureScreenshot", {"format": "png"})
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(base64.b64decode(shot["data"]))
     driver.execute_cdp_cmd("Emulation.clearDeviceMetricsOverride", {})
