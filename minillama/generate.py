@@ -131,7 +131,7 @@ def _setup(model: Transformer, rows: list[list[int]], max_new_tokens: int, max_s
 
 
 @torch.inference_mode()
-def _steps(model: Transformer, rows, max_new_tokens, stops, sampling) -> Iterator[torch.Tensor]:
+def _steps(model: Transformer, rows, max_new_tokens, stops, sampling, step) -> Iterator[torch.Tensor]:
     """Prefill, then decode; yields each step's new tokens `[b]` (on the model's device) until every
     row has produced a stop token or `max_new_tokens` tokens."""
     device = model.output.weight.device
@@ -150,10 +150,10 @@ def _steps(model: Transformer, rows, max_new_tokens, stops, sampling) -> Iterato
     done = torch.isin(token[:, 0], stop_ids)
     yield token[:, 0]
     pos = lengths.clone()
-    for step in range(1, max_new_tokens):
-        if step % check_every == 0 and bool(done.all()):
+    for i in range(1, max_new_tokens):
+        if i % check_every == 0 and bool(done.all()):
             return
-        token, _ = decode_one_token(model, token, pos, **sampling)
+        token, _ = step(model, token, pos, **sampling)
         pos += 1
         done |= torch.isin(token[:, 0], stop_ids)
         yield token[:, 0]
@@ -173,21 +173,25 @@ def generate(
     temperature: float = 0.0,
     top_p: float = 1.0,
     top_k: int | None = None,
-    seed: int = 0,
+    seed: int | None = 0,
     stop_tokens: Sequence[int] | None = None,
     stream: bool = False,
     tokenizer=None,
     max_seq_len: int | None = None,
+    decode_step=None,
 ):
     """Continue each prompt by up to `max_new_tokens` tokens.
 
     `prompts`: a list of token-id lists, or of strings when `tokenizer` is given (encoded with
     `<|begin_of_text|>`). Greedy when `temperature` is 0; otherwise sampled with a generator seeded by
     `seed` (the same seed gives the same tokens; a batch draws from one generator, so a sampled row
-    need not match its unbatched run, while greedy rows always do). A row ends at its first stop
+    need not match its unbatched run, while greedy rows always do). `seed=None` draws from torch's
+    global generator instead (`torch.manual_seed`), which a `torch.compile(fullgraph=True)` step
+    accepts where it rejects a `torch.Generator` argument. A row ends at its first stop
     token (default: the tokenizer's `stop_tokens`, eos 128001, eom 128008, eot 128009; none without a
     tokenizer); the stop token is not returned. The cache is set up for the longest prompt + the new
-    tokens unless the model's cache already fits (`max_seq_len` forces its length).
+    tokens unless the model's cache already fits (`max_seq_len` forces its length). `decode_step`
+    replaces `decode_one_token`, e.g. with `torch.compile(decode_one_token, fullgraph=True)` (chapter 8).
 
     Returns a list with each row's new token ids; with `stream=True` (one prompt) an iterator of text
     pieces as they decode (UTF-8 safe: no piece ends inside a character) when a tokenizer is given,
@@ -200,7 +204,7 @@ def generate(
     stops = {int(t) for t in stop_tokens}
     device = model.output.weight.device
     generator = None
-    if temperature > 0:
+    if temperature > 0 and seed is not None:
         generator = torch.Generator(device=device).manual_seed(seed)
     sampling = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "generator": generator}
     if stream and len(rows) != 1:
@@ -208,9 +212,10 @@ def generate(
             f"stream=True decodes one prompt; got {len(rows)} (call once per prompt, or stream=False)"
         )
     _setup(model, rows, max_new_tokens, max_seq_len)  # before any generator starts: errors raise here
+    steps = _steps(model, rows, max_new_tokens, stops, sampling, decode_step or decode_one_token)
     if stream:
-        return _stream(_steps(model, rows, max_new_tokens, stops, sampling), stops, tokenizer)
-    out = torch.stack(list(_steps(model, rows, max_new_tokens, stops, sampling)), dim=1)
+        return _stream(steps, stops, tokenizer)
+    out = torch.stack(list(steps), dim=1)
     return [_trim(row, stops) for row in out.tolist()]
 
 

@@ -223,3 +223,23 @@ def test_bad_arguments(model, kwargs, message):
     kwargs = {"prompts": PROMPTS, **kwargs}
     with pytest.raises(ValueError, match=message):
         ml.generate(model, **kwargs)
+
+
+def test_a_replacement_decode_step_is_used(model):
+    calls = []
+
+    def step(*args, **kwargs):
+        calls.append(1)
+        return decode_one_token(*args, **kwargs)
+
+    out = ml.generate(model, PROMPTS, max_new_tokens=7, decode_step=step)
+    assert out == ml.generate(model, PROMPTS, max_new_tokens=7)
+    assert len(calls) == 6  # the first new token comes from prefill
+
+
+def test_seed_none_samples_from_the_global_generator(model):
+    kw = {"max_new_tokens": 12, "temperature": 1.0, "seed": None}
+    torch.manual_seed(11)
+    a = ml.generate(model, PROMPTS, **kw)
+    torch.manual_seed(11)
+    assert ml.generate(model, PROMPTS, **kw) == a
