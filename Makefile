@@ -79,8 +79,10 @@ else
 	  --ExecutePreprocessor.timeout=$(CELL_TIMEOUT) --ExecutePreprocessor.kernel_name=python3 $(NOTEBOOKS)
 endif
 
+# LAB_ARGS="--no-browser --port 8889" passes options; root (containers, Colab-like VMs) needs --allow-root
+LAB_ARGS ?=
 lab: $(STAMP)
-	$(BIN)/jupyter lab --notebook-dir=notebooks
+	$(BIN)/jupyter lab --notebook-dir=notebooks $(if $(filter 0,$(shell id -u)),--allow-root) $(LAB_ARGS)
 
 bench: $(STAMP)
 	$(BIN)/python -m minillama bench $(ARGS)
