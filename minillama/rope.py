@@ -61,10 +61,14 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("sin", angles.sin(), persistent=False)
 
     def _apply(self, fn, recurse=True):
-        # model.to(torch.bfloat16) would round the tables (bf16 angles are off by whole radians at
-        # position 100,000); rebuild them in float32 on whatever device they now live on
-        super()._apply(fn, recurse)
-        self._build(self.cos.device)
+        # the tables are derived float32 state, never converted: model.to(torch.bfloat16) would round
+        # them (bf16 angles are off by whole radians at position 100,000), and a model built on the meta
+        # device has nothing to copy. They are rebuilt, in float32, wherever the module now lives.
+        try:
+            device = fn(torch.empty(0, device=self.cos.device)).device
+        except NotImplementedError:  # "cannot copy out of meta tensor": moving a meta-built model
+            device = fn(torch.empty(0)).device
+        self._build(device)
         return self
 
     def forward(self, positions: torch.Tensor):
