@@ -43,7 +43,6 @@ from tqdm.auto import tqdm
 
 from .config import MODELS, ModelArgs
 from .model import Transformer
-from .rope import RotaryEmbedding
 
 META_PARAMS = "params.json"
 HF_CONFIG = "config.json"
@@ -562,9 +561,7 @@ def load(
     model.load_state_dict(state, assign=True, strict=True)
     if tied:
         model.output.weight = model.tok_embeddings.weight
-    # the rotary tables are derived, not stored: build them on the target device (a meta buffer cannot move)
-    with device:
-        model.rope = RotaryEmbedding(args)
+    # the rotary tables are derived, not stored: .to(device) rebuilds them there (see RotaryEmbedding._apply)
     return model.to(device).eval()
 
 
