@@ -39,7 +39,7 @@ import torch
 from einops import rearrange
 from safetensors import safe_open
 from safetensors.torch import save_file
-from tqdm.auto import tqdm
+from tqdm import tqdm  # plain bars: tqdm.auto warns in kernels without ipywidgets
 
 from .config import MODELS, ModelArgs
 from .model import Transformer
