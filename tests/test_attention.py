@@ -31,8 +31,11 @@ def test_head_order_is_metas_repeat_kv():
         ours = attn(x, ones, 0 * ones, mask)
         theirs = reference_attention(attn, args, x, repeat_kv)
         torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-6)
+
         # a (g kv) split would pair query head i with KV head i % kv: a different answer
-        wrong = lambda z, n: z.repeat(1, 1, n, 1)
+        def wrong(z, n):  # tiles heads instead of repeating each
+            return z.repeat(1, 1, n, 1)
+
         assert (reference_attention(attn, args, x, wrong) - theirs).abs().max() > 1e-2
 
 
