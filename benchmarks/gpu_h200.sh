@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# The whole GPU measurement of chapters 7 and 8, in one go, in at most ~10 minutes on one H200:
+# the 8B-shaped model (random weights, seeded) in bfloat16, prompt 128 + 128 new tokens, measured by
+# `python -m minillama.bench` in four parts, each its own process under its own time limit (a compile
+# that hangs costs only its part), then merged into one JSON that names the GPU:
+#   A  batch 1: eager, static, ml.generate, HF generate (dynamic cache); copy bandwidth, bf16 matmul rate
+#   B  batch 1: torch.compile of decode_one_token, modes default and reduce-overhead (CUDA graphs)
+#   C  batch 1: HF static cache + torch.compile (transformers' own compile_config, reduce-overhead)
+#   D  the batch sweep 2, 4, ..., 64 with CUDA graphs (batch 1 comes from B)
+# Installs nothing from the internet: it uses whichever python has torch with CUDA, installs this
+# checkout with `pip install -e . --no-deps` (falling back to PYTHONPATH), and takes missing pure-python
+# dependencies from benchmarks/wheels/ when that folder exists.
+#
+#   bash benchmarks/gpu_h200.sh            # results in $OUT (when set) or benchmarks/results/
+#   BUDGET=400 bash benchmarks/gpu_h200.sh # a tighter overall limit in seconds (default 570)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+BUDGET=${BUDGET:-570}
+MODEL=${MODEL:-llama-3.1-8b}
+# DEVICE=cpu MODEL=tiny DTYPE=float32 PROMPT_LEN=8 NEW_TOKENS=4: a smoke test of this script on a CPU
+DEVICE=${DEVICE:-cuda}
+COMMON=(--model "$MODEL" --dtype "${DTYPE:-bfloat16}" --prompt-len "${PROMPT_LEN:-128}"
+        --new-tokens "${NEW_TOKENS:-128}" --device "$DEVICE" --seed 0)
+DEST=${OUT:-benchmarks/results}
+PARTS=$DEST/gpu-parts
+mkdir -p "$PARTS"
+
+PY=
+for candidate in "${PYTHON:-}" python3 python .venv/bin/python; do
+  [ -n "$candidate" ] || continue
+  if "$candidate" -c "import sys, torch; sys.exit(0 if '$DEVICE' == 'cpu' or torch.cuda.is_available() else 1)" \
+      2>/dev/null; then
+    PY=$candidate
+    break
+  fi
+done
+if [ -z "$PY" ]; then
+  echo "no python with a CUDA-enabled torch found (set PYTHON=...)" >&2
+  exit 1
+fi
+"$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"
+nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,clocks.max.mem --format=csv 2>/dev/null || true
+
+missing=$("$PY" - <<'EOF'
+import importlib.util
+print(" ".join(m for m in ("einops", "safetensors", "tiktoken", "tqdm", "transformers") if importlib.util.find_spec(m) is None))
+EOF
+)
+if [ -n "$missing" ] && [ -d benchmarks/wheels ]; then
+  "$PY" -m pip install -q --no-index --find-links benchmarks/wheels $missing || true
+fi
+"$PY" -m pip install -q -e . --no-deps --no-build-isolation 2>/dev/null || echo "(pip install -e . failed: using PYTHONPATH)"
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+if ! "$PY" -c "import minillama.bench" 2>"$PARTS/import.log"; then
+  echo "minillama does not import here: $(tail -1 "$PARTS/import.log"); missing modules: ${missing:-none}" >&2
+  exit 1
+fi
+HF=1
+"$PY" -c "import transformers" 2>/dev/null || { HF=0; echo "transformers is not installed: the HF parts are skipped"; }
+
+# part NAME PLANNED_SECONDS ARGS...: runs under min(planned, what is left of the budget)
+part() {
+  local name=$1 planned=$2
+  shift 2
+  local left=$((BUDGET - SECONDS - 15))
+  local limit=$((planned < left ? planned : left))
+  if [ "$limit" -lt 45 ]; then
+    echo "part $name skipped: ${left}s left of the ${BUDGET}s budget"
+    return
+  fi
+  echo "part $name: up to ${limit}s (${SECONDS}s used)"
+  timeout -k 10 "$limit" "$PY" -m minillama.bench "${COMMON[@]}" "$@" --json "$PARTS/$name.json" \
+    >"$PARTS/$name.log" 2>&1
+  local rc=$?
+  [ $rc -eq 0 ] || echo "part $name ended with exit status $rc (124: time limit); see $PARTS/$name.log"
+  tail -n 25 "$PARTS/$name.log"
+}
+
+part A 150 --batch 1 --repeats 3 --variants eager,static,generate$([ $HF = 1 ] && echo ,hf) --timeout 100
+part B 240 --batch 1 --repeats 5 --variants compile,compile-reduce-overhead --timeout 150
+[ $HF = 1 ] && part C 140 --batch 1 --repeats 5 --variants hf-compile --timeout 120
+part D 200 --batch 2,4,8,16,32,64 --repeats 3 --variants compile-reduce-overhead --timeout 150
+
+"$PY" - "$PARTS" "$DEST" <<'EOF'
+import glob, json, sys
+from minillama import bench
+parts_dir, dest = sys.argv[1:]
+parts = [json.load(open(p)) for p in sorted(glob.glob(f"{parts_dir}/[A-D].json"))]
+if not parts:
+    sys.exit("no part finished: nothing to merge")
+merged = bench.merge_results(parts)
+path = bench.save_results(merged, f"{dest}/{merged['machine']['slug']}-{merged['machine']['date']}.json")
+print(bench.table(merged))
+print("results:", path)
+EOF
+echo "total ${SECONDS}s"

@@ -1,0 +1,174 @@
+"""The benchmark harness: one short run of the tiny model, its results checked for shape and arithmetic.
+
+No timing is asserted (this is a shared, noisy machine): the tests check that every figure the
+chapters print is there, is derived from the measured times the way the docs say, and that bytes per
+step match a count made here from the model's own tensors.
+"""
+
+import json
+import math
+from datetime import date
+
+import matplotlib
+import matplotlib.figure
+import matplotlib.pyplot
+import pytest
+import torch
+
+import minillama as ml
+from minillama import bench
+
+matplotlib.use("Agg")
+
+PROMPT, NEW, REPEATS = 8, 4, 2
+
+
+@pytest.fixture(scope="module")
+def results():
+    torch.set_num_threads(2)
+    return bench.run(
+        "tiny",
+        batches=(1, 2),
+        prompt_len=PROMPT,
+        new_tokens=NEW,
+        dtype="float32",
+        repeats=REPEATS,
+        variants="eager,static,generate,hf",
+        device="cpu",
+        seed=0,
+    )
+
+
+def test_machine_fields(results):
+    m = results["machine"]
+    assert m["device"] == "cpu" and m["gpu"] is None
+    assert isinstance(m["cpu"], str) and m["cpu"]
+    assert isinstance(m["cores"], int) and m["cores"] >= 1
+    assert m["torch"] == torch.__version__ and m["minillama"] == ml.__version__
+    assert date.fromisoformat(m["date"])
+    assert m["slug"] and all(c.isalnum() or c == "-" for c in m["slug"])
+    assert set(results["config"]["args"]) >= {"dim", "n_layers", "vocab_size"}
+
+
+def test_every_run_is_complete(results):
+    runs = results["runs"]
+    assert {(r["variant"], r["batch"]) for r in runs} == {
+        (v, b) for v in ("eager", "static", "generate", "hf") for b in (1, 2)
+    }
+    for r in runs:
+        assert "error" not in r, r.get("error")
+        assert all(len(times) == REPEATS for times in r["times_ms"].values())
+        assert r["generate_tok_s"] > 0 and math.isfinite(r["generate_tok_s"])
+        # generate tok/s is batch × new tokens over the median end-to-end time
+        median = sorted(r["times_ms"]["generate"])
+        assert r["generate_tok_s"] == pytest.approx(r["batch"] * NEW / (sum(median) / 2 / 1e3), rel=1e-3)
+        if r["variant"] == "generate":
+            continue  # ml.generate is timed end to end only
+        assert r["decode_ms_per_token"] * r["decode_tok_s"] == pytest.approx(1e3 * r["batch"])
+        assert r["roofline_fraction"] == pytest.approx(r["decode_tok_s"] / r["roofline_tok_s"])
+        assert r["step_over_matvec"] == pytest.approx(r["decode_ms_per_token"] / r["matvec_ms"])
+        assert r["achieved_bytes_per_s"] == pytest.approx(
+            r["bytes_per_step"] / r["decode_ms_per_token"] * 1e3
+        )
+        assert r["prefill_tok_s"] == pytest.approx(r["batch"] * PROMPT / r["prefill_ms"] * 1e3)
+        assert 0 < r["prefill_mfu"]
+
+
+def test_bytes_per_step_count_the_models_own_tensors(results):
+    # counted here from the tensors a decode step reads: every weight but the embedding table, the
+    # embedding rows of the batch, and K and V of every layer for the context, 4 bytes each (float32)
+    args = ml.MODELS["tiny"]
+    with torch.device("meta"):
+        model = ml.Transformer(args)
+    weights = sum(p.numel() for n, p in model.named_parameters() if n != "tok_embeddings.weight")
+    context = PROMPT + NEW // 2
+    for r in results["runs"]:
+        b = r["batch"]
+        model.setup_cache(b, context)
+        kv = sum(c.k.numel() + c.v.numel() for c in (layer.attention.cache for layer in model.layers))
+        assert r["context"] == context
+        assert r["bytes_per_step"] == 4 * (weights + b * args.dim + kv)
+        assert r["bytes_per_step"] == ml.decode_step_bytes(args, context, b, 4)
+
+
+def test_ratios_are_minillama_over_hf(results):
+    runs = {(r["variant"], r["batch"]): r for r in results["runs"]}
+    rows = results["ratios"]
+    assert {(row["minillama"], row["hf"], row["batch"]) for row in rows} == {
+        (v, "hf", b) for v in ("eager", "static", "generate") for b in (1, 2)
+    }
+    for row in rows:
+        ours, theirs = runs[(row["minillama"], row["batch"])], runs[(row["hf"], row["batch"])]
+        assert row["generate"] == pytest.approx(ours["generate_tok_s"] / theirs["generate_tok_s"])
+        if "decode" in row:
+            assert row["decode"] == pytest.approx(ours["decode_tok_s"] / theirs["decode_tok_s"])
+    head = results["headline"]
+    best = max(
+        (r for r in results["runs"] if r["impl"] == "minillama" and r["batch"] == 1),
+        key=lambda r: r["generate_tok_s"],
+    )
+    assert head["minillama"] == best["variant"] and head["hf"] == "hf"
+    assert head["ratio"] == pytest.approx(best["generate_tok_s"] / runs[("hf", 1)]["generate_tok_s"])
+
+
+def test_the_same_greedy_tokens_as_hugging_face(results):
+    # HF got the weights through ml.save + from_pretrained: greedy decoding must agree token for token
+    for r in results["runs"]:
+        assert r["same_tokens"], r["variant"]
+
+
+def test_prefill_flops_counted_independently():
+    args = ml.MODELS["tiny"]
+    c = ml.count_parameters(args)
+    t = 5
+    matmul = args.n_layers * (c.attention + c.feed_forward)
+    attention = sum(2 * 2 * args.n_layers * args.n_heads * args.head_dim * (i + 1) for i in range(t))
+    assert bench.prefill_flops(args, t, batch=3) == 3 * (2 * t * matmul + attention + 2 * c.output)
+
+
+def test_json_round_trip_and_plots(results, tmp_path):
+    path = bench.save_results(results, tmp_path / "r.json")
+    assert bench.load_results(str(tmp_path / "*.json")) == [json.loads(json.dumps(results))]
+    for kind in ("variants", "waterfall", "batch"):
+        fig = bench.plot_results(results, kind=kind)
+        assert isinstance(fig, matplotlib.figure.Figure)
+        assert fig.axes[0].get_xlabel() and fig.axes[0].get_ylabel()
+        matplotlib.pyplot.close(fig)
+    assert (
+        bench.default_path(results).name == f"{results['machine']['slug']}-{results['machine']['date']}.json"
+    )
+    assert path.exists()
+
+
+def test_merge_keeps_first_measurement_and_recomputes_ratios(results):
+    part = json.loads(json.dumps(results))
+    part["runs"] = [r for r in part["runs"] if r["variant"] == "hf"]
+    part["config"]["variants"] = ["hf"]
+    merged = bench.merge_results([part, results])
+    assert len(merged["runs"]) == len(results["runs"])
+    assert all(r["part"] == 0 for r in merged["runs"] if r["variant"] == "hf")
+    assert merged["ratios"] == bench.ratios(merged)
+    bad = json.loads(json.dumps(results))
+    bad["config"]["dtype"] = "bfloat16"
+    with pytest.raises(ValueError, match="dtype"):
+        bench.merge_results([results, bad])
+
+
+def test_command_line_writes_json(tmp_path, capsys):
+    path = tmp_path / "cli.json"
+    argv = ["--model", "tiny", "--prompt-len", "4", "--new-tokens", "2", "--repeats", "1"]
+    assert bench.main([*argv, "--variants", "eager", "--no-ceilings", "--quiet", "--json", str(path)]) == 0
+    r = json.loads(path.read_text())
+    assert r["config"]["variants"] == ["eager"] and r["machine"]["cpu"]
+    assert "tok/s" in capsys.readouterr().out
+
+
+def test_bad_input_names_the_fix():
+    with pytest.raises(ValueError, match="valid variants: eager"):
+        bench.run("tiny", variants="eager,turbo")
+    with pytest.raises(ValueError, match="neither a catalogue name"):
+        bench.run("no-such-model", variants="eager")
+    with pytest.raises(ValueError, match="new_tokens >= 2"):
+        bench.run("tiny", new_tokens=1, variants="eager")
+    with pytest.raises(ValueError, match="max_seq_len=2048"):
+        bench.run("tiny", prompt_len=2000, new_tokens=100, variants="eager")
