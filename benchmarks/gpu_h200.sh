@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # The whole GPU measurement of chapters 7 and 8, in one go, in at most ~10 minutes on one H200:
 # the 8B-shaped model (random weights, seeded) in bfloat16, prompt 128 + 128 new tokens, measured by
-# `python -m minillama.bench` in four parts, each its own process under its own time limit (a compile
-# that hangs costs only its part), then merged into one JSON that names the GPU:
+# `python -m minillama.bench` in parts, each its own process under its own time limit (a compile that
+# hangs costs only its part), most important first, then merged into one JSON that names the GPU:
 #   A  batch 1: eager, static, ml.generate, HF generate (dynamic cache); copy bandwidth, bf16 matmul rate
-#   B  batch 1: torch.compile of decode_one_token, modes default and reduce-overhead (CUDA graphs)
+#   B  batch 1: torch.compile(decode_one_token, mode="reduce-overhead"): CUDA graphs
 #   C  batch 1: HF static cache + torch.compile (transformers' own compile_config, reduce-overhead)
 #   D  the batch sweep 2, 4, ..., 64 with CUDA graphs (batch 1 comes from B)
+#   E  batch 1: torch.compile mode "default" (no CUDA graphs), the waterfall's middle step
+# Every part measures the ceilings again (a few seconds); the seed makes the weights the same in all.
 # Installs nothing from the internet: it uses whichever python has torch with CUDA, installs this
 # checkout with `pip install -e . --no-deps` (falling back to PYTHONPATH), and takes missing pure-python
 # dependencies from benchmarks/wheels/ when that folder exists.
@@ -65,28 +67,34 @@ part() {
   shift 2
   local left=$((BUDGET - SECONDS - 15))
   local limit=$((planned < left ? planned : left))
-  if [ "$limit" -lt 45 ]; then
+  if [ "$limit" -lt 90 ]; then
     echo "part $name skipped: ${left}s left of the ${BUDGET}s budget"
     return
   fi
   echo "part $name: up to ${limit}s (${SECONDS}s used)"
-  timeout -k 10 "$limit" "$PY" -m minillama.bench "${COMMON[@]}" "$@" --json "$PARTS/$name.json" \
-    >"$PARTS/$name.log" 2>&1
+  # the warm-up (compile) limit leaves a minute of the part for building the model and the timed repeats
+  timeout -k 10 "$limit" "$PY" -m minillama.bench "${COMMON[@]}" "$@" --timeout $((limit - 60)) \
+    --json "$PARTS/$name.json" >"$PARTS/$name.out" 2>"$PARTS/$name.log"
   local rc=$?
-  [ $rc -eq 0 ] || echo "part $name ended with exit status $rc (124: time limit); see $PARTS/$name.log"
-  tail -n 25 "$PARTS/$name.log"
+  if [ $rc -eq 0 ]; then
+    cat "$PARTS/$name.out"
+  else
+    echo "part $name ended with exit status $rc (124: time limit); the end of its log:"
+    tail -n 15 "$PARTS/$name.log"
+  fi
 }
 
-part A 150 --batch 1 --repeats 3 --variants eager,static,generate$([ $HF = 1 ] && echo ,hf) --timeout 100
-part B 240 --batch 1 --repeats 5 --variants compile,compile-reduce-overhead --timeout 150
-[ $HF = 1 ] && part C 140 --batch 1 --repeats 5 --variants hf-compile --timeout 120
-part D 200 --batch 2,4,8,16,32,64 --repeats 3 --variants compile-reduce-overhead --timeout 150
+part A 130 --batch 1 --repeats 3 --variants eager,static,generate$([ $HF = 1 ] && echo ,hf)
+part B 170 --batch 1 --repeats 5 --variants compile-reduce-overhead
+[ $HF = 1 ] && part C 150 --batch 1 --repeats 5 --variants hf-compile
+part D 170 --batch 2,4,8,16,32,64 --repeats 3 --variants compile-reduce-overhead
+part E 150 --batch 1 --repeats 5 --variants compile
 
 "$PY" - "$PARTS" "$DEST" <<'EOF'
 import glob, json, sys
 from minillama import bench
 parts_dir, dest = sys.argv[1:]
-parts = [json.load(open(p)) for p in sorted(glob.glob(f"{parts_dir}/[A-D].json"))]
+parts = [json.load(open(p)) for p in sorted(glob.glob(f"{parts_dir}/[A-E].json"))]
 if not parts:
     sys.exit("no part finished: nothing to merge")
 merged = bench.merge_results(parts)

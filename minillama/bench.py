@@ -710,7 +710,8 @@ def headline(results: dict) -> dict | None:
         peer = max(theirs, key=lambda r: r["generate_tok_s"])
         head.update(hf=peer["variant"], hf_generate_tok_s=peer["generate_tok_s"])
         head["ratio"] = best["generate_tok_s"] / peer["generate_tok_s"]
-    pair = {(r["minillama"], r["hf"]): r for r in results.get("ratios") or ratios(results)}
+    rows = results.get("ratios") or ratios(results)
+    pair = {(r["minillama"], r["hf"]): r for r in rows if r["batch"] == b}
     if theirs and "generate_paired" in pair[(best["variant"], peer["variant"])]:
         head["ratio_paired"] = pair[(best["variant"], peer["variant"])]["generate_paired"]
     if ("generate", "hf") in pair:

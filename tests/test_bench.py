@@ -172,3 +172,20 @@ def test_bad_input_names_the_fix():
         bench.run("tiny", new_tokens=1, variants="eager")
     with pytest.raises(ValueError, match="max_seq_len=2048"):
         bench.run("tiny", prompt_len=2000, new_tokens=100, variants="eager")
+
+
+@pytest.mark.parametrize("via", ["disk", "memory"])
+def test_hf_peer_holds_the_same_weights(monkeypatch, via):
+    # both routes of the copy (ml.save + from_pretrained for small models, in memory for large ones)
+    # give HF's LlamaForCausalLM our logits
+    args = ml.ModelArgs(
+        dim=64, n_layers=2, n_heads=8, n_kv_heads=2, vocab_size=300, multiple_of=32, max_seq_len=64
+    )
+    model = bench.build_model(args, torch.device("cpu"), torch.float32, seed=1)
+    monkeypatch.setattr(bench, "HF_VIA_DISK_BYTES", 2**40 if via == "disk" else 0)
+    hf = bench.hf_peer(model)
+    tokens = torch.randint(0, args.vocab_size, (2, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        ours, theirs = model(tokens), hf(tokens).logits
+    torch.testing.assert_close(theirs, ours, rtol=1e-4, atol=1e-5)
+    assert ours.abs().max() > 1e-2  # not trivially small logits
