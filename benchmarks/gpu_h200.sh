@@ -4,9 +4,9 @@
 # `python -m minillama.bench` in parts, each its own process under its own time limit (a compile that
 # hangs costs only its part), most important first, then merged into one JSON that names the GPU:
 #   A  batch 1: eager, static, ml.generate, HF generate (dynamic cache); copy bandwidth, bf16 matmul rate
-#   B  batch 1: torch.compile(decode_one_token, mode="reduce-overhead"): CUDA graphs
+#   B  torch.compile(decode_one_token, mode="reduce-overhead"), CUDA graphs, at batch 1 and the sweep
+#      2, 4, ..., 64 (two compilations: batch 1, then one graph for every larger batch)
 #   C  batch 1: HF static cache + torch.compile (transformers' own compile_config, reduce-overhead)
-#   D  the batch sweep 2, 4, ..., 64 with CUDA graphs (batch 1 comes from B)
 #   E  batch 1: torch.compile mode "default" (no CUDA graphs), the waterfall's middle step
 # Every part measures the ceilings again (a few seconds); the seed makes the weights the same in all.
 # Installs nothing from the internet: it uses whichever python has torch with CUDA, installs this
@@ -84,10 +84,9 @@ part() {
   fi
 }
 
-part A 130 --batch 1 --repeats 3 --variants eager,static,generate$([ $HF = 1 ] && echo ,hf)
-part B 170 --batch 1 --repeats 5 --variants compile-reduce-overhead
+part A 160 --batch 1 --repeats 3 --variants eager,static,generate$([ $HF = 1 ] && echo ,hf)
+part B 250 --batch 1,2,4,8,16,32,64 --repeats 3 --variants compile-reduce-overhead
 [ $HF = 1 ] && part C 150 --batch 1 --repeats 5 --variants hf-compile
-part D 170 --batch 2,4,8,16,32,64 --repeats 3 --variants compile-reduce-overhead
 part E 150 --batch 1 --repeats 5 --variants compile
 
 "$PY" - "$PARTS" "$DEST" <<'EOF'

@@ -466,19 +466,22 @@ def run(
     timeout: float | None = None,
     ceilings: bool = True,
     log=None,
+    on_batch=None,
 ) -> dict:
     """Measure prefill and decode throughput of each variant at each batch size; returns the results
     dict that `main` writes as JSON (see the module docstring for the variants and the ceilings).
 
     `model`: a `MODELS` name or `ModelArgs` (random weights from `seed`), or a checkpoint folder.
     `timeout`: seconds allowed for each variant's warm-up (compilation); past it the variant is
-    recorded with an error and left out. `log`: a callable for progress lines (None: silent)."""
+    recorded with an error and left out. `log`: a callable for progress lines (None: silent).
+    `on_batch`: called with the results so far after each batch size (`main` saves them, so a run
+    stopped from outside keeps the batches it finished)."""
     say = log or (lambda line: None)
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype = DTYPES.get(dtype, dtype) if isinstance(dtype, str) else dtype
     if dtype not in DTYPES.values():
         raise ValueError(f"dtype {dtype!r} is not one of {', '.join(DTYPES)}")
-    batches = [int(b) for b in (batches.split(",") if isinstance(batches, str) else batches)]
+    batches = sorted({int(b) for b in (batches.split(",") if isinstance(batches, str) else batches)})
     variants = _variant_list(variants or default_variants(device))
     if repeats < 1 or prompt_len < 1 or new_tokens < 2 or min(batches) < 1:
         raise ValueError(
@@ -599,6 +602,9 @@ def run(
                         rec["same_tokens"] = bool(torch.equal(gen[:, :n].cpu(), reference[:, :n].cpu()))
                     say(_line(rec))
                 out["runs"].append(rec)
+            if on_batch is not None:
+                elapsed = time.perf_counter() - started
+                on_batch({**out, "ratios": ratios(out), "headline": headline(out), "wall_s": elapsed})
     out["ratios"] = ratios(out)
     out["headline"] = headline(out)
     out["wall_s"] = time.perf_counter() - started
@@ -1021,6 +1027,7 @@ def main(argv: list[str] | None = None) -> int:
         timeout=ns.timeout,
         ceilings=not ns.no_ceilings,
         log=log,
+        on_batch=None if ns.no_save else (lambda partial: save_results(partial, ns.json)),
     )
     print(table(results))
     if not ns.no_save:
