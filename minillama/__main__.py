@@ -262,7 +262,7 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("model", metavar="MODEL", help=f"one of {', '.join(MODELS)}, or a checkpoint directory")
     c.set_defaults(run=cmd_count)
 
-    for name, (module, function, text) in DELEGATED.items():
+    for name, (_module, _function, text) in DELEGATED.items():
         p = sub.add_parser(name, help=text, add_help=False, description=text)
         p.add_argument(
             "rest", nargs=argparse.REMAINDER, help=f"arguments of `{name}` (see `{PROG} {name} --help`)"

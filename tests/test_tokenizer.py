@@ -14,7 +14,7 @@ from minillama.tokenizer import StreamDecoder, Tokenizer
 
 llama_tokenizer = pytest.importorskip("llama_models.llama3.tokenizer")
 chat_format = pytest.importorskip("llama_models.llama3.chat_format")
-from llama_models.datatypes import RawMessage  # after the skip guard
+from llama_models.datatypes import RawMessage  # noqa: E402  (after the skip guard)
 
 
 @pytest.fixture(scope="module")
