@@ -22,6 +22,7 @@ import torch
 
 from .accounting import count_parameters
 from .config import MODELS, ModelArgs
+from .model import random_model
 
 PROG = "python -m minillama"
 
@@ -55,24 +56,6 @@ def _device(name: str) -> torch.device:
     if device.type == "cuda" and not torch.cuda.is_available():
         raise UsageError(f"device {name!r} requested but CUDA is not available (torch {torch.__version__})")
     return device
-
-
-def random_model(args: ModelArgs, device, dtype, seed: int = 0):
-    """A model of `args`'s shape with random weights (N(0, 0.02), norm gains 1), made on `device`
-    without first building it anywhere else."""
-    from .model import Transformer
-
-    with torch.device("meta"):
-        model = Transformer(args)
-    model = model.to_empty(device=device).to(dtype)
-    generator = torch.Generator(device=device).manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("norm.weight"):
-                p.fill_(1.0)
-            else:
-                p.normal_(0.0, 0.02, generator=generator)
-    return model.eval()
 
 
 def cmd_generate(ns) -> int:

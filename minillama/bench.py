@@ -58,6 +58,7 @@ from . import __version__
 from .accounting import count_parameters, decode_step_bytes, flops_per_token, weight_bytes
 from .config import MODELS, ModelArgs
 from .generate import decode_one_token, generate, prefill
+from .model import random_model
 
 VARIANTS = (
     "eager",
@@ -265,8 +266,6 @@ def prefill_flops(args: ModelArgs, prompt_len: int, batch: int = 1) -> int:
 def build_model(model: str | ModelArgs | os.PathLike, device, dtype, seed: int = 0, max_seq_len=None):
     """A model to measure: a `MODELS` name or `ModelArgs` (random weights, seeded), or a checkpoint folder."""
     if isinstance(model, ModelArgs) or model in MODELS:
-        from .__main__ import random_model
-
         args = MODELS[model] if isinstance(model, str) else model
         return random_model(args, device, dtype, seed)
     if Path(model).is_dir():

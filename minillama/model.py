@@ -155,3 +155,19 @@ class Transformer(nn.Module):
                 f"positions {first}..{last + t - 1} do not fit the cache of max_seq_len={cache_s} "
                 f"(a prompt of {t} tokens at start_pos {last}); call setup_cache with a larger max_seq_len"
             )
+
+
+def random_model(args: ModelArgs, device="cpu", dtype=torch.float32, seed: int = 0) -> Transformer:
+    """A model of `args`'s shape with random weights (N(0, 0.02), norm gains 1), made on `device`
+    without first building it anywhere else."""
+    with torch.device("meta"):
+        model = Transformer(args)
+    model = model.to_empty(device=device).to(dtype)
+    generator = torch.Generator(device=device).manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.fill_(1.0)
+            else:
+                p.normal_(0.0, 0.02, generator=generator)
+    return model.eval()
