@@ -1264,10 +1264,15 @@ def card_tabs(name: str, args: ModelArgs, positions: int = 1000, batch: int | st
 # the command line: python -m minillama card attention --model llama-3.1-8b --mode decode --positions 1000
 
 
+class _OneLineParser(argparse.ArgumentParser):
+    """Bad arguments: one line on stderr and exit code 2, as the rest of the CLI (no usage block)."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
 def main_card(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m minillama card", description="Print a component or tensor card."
-    )
+    parser = _OneLineParser(prog="python -m minillama card", description="Print a component or tensor card.")
     parser.add_argument(
         "name", help=f"a component ({', '.join(COMPONENTS)}) or a tensor ({', '.join(TENSORS)})"
     )

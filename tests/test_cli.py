@@ -67,6 +67,15 @@ def test_bad_arguments_in_a_subprocess_exit_2_with_one_line():
     assert "Traceback" not in result.stderr
 
 
+def test_bad_card_arguments_exit_2_with_one_line(capsys):
+    from minillama.__main__ import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["card", "attention", "--mode", "sideways"])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and err.count("\n") == 1 and "sideways" in err
+
+
 @pytest.mark.parametrize(
     "argv, message",
     [
