@@ -435,9 +435,6 @@ class _AttentionKernelRecorder(TorchFunctionMode):
 def _meta_model(args: ModelArgs) -> Transformer:
     with torch.device("meta"):
         model = Transformer(args.replace(n_layers=1))  # every block is alike; one is traced
-    # the token-range check reads values back, which meta tensors do not have; the card's own
-    # arguments are validated before any trace
-    model._check = lambda tokens, start_pos: None
     return model
 
 
