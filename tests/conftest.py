@@ -161,6 +161,33 @@ def to_meta_reference(model: ml.Transformer, max_batch_size: int = 4):
     return ref.eval()
 
 
+@pytest.fixture(scope="module")
+def note():
+    """`note(oracle, err)` records the worst relative error per oracle in a test module (and returns
+    err); the module's worst figures are printed when it ends (`pytest -s` shows them)."""
+    worst = {}
+
+    def record(oracle: str, err: float) -> float:
+        worst[oracle] = max(worst.get(oracle, 0.0), err)
+        return err
+
+    yield record
+    print("\nworst relative error:", {k: f"{v:.2e}" for k, v in worst.items()})
+
+
+def toc_files(entry) -> list[str]:
+    """Every `file:` of a parsed _toc.yml, root first, then in reading order."""
+    found = []
+    if isinstance(entry, dict):
+        for key in ("root", "file"):
+            if key in entry:
+                found.append(str(entry[key]))
+        for key in ("parts", "chapters", "sections"):
+            for child in entry.get(key) or []:
+                found.extend(toc_files(child))
+    return found
+
+
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     """Largest error relative to the largest magnitude of the reference."""
     return ((a.double() - b.double()).abs().max() / b.double().abs().max()).item()

@@ -12,19 +12,6 @@ from safetensors.torch import load_file, save_file
 import minillama as ml
 from minillama.checkpoint import args_from_hf_config
 
-WORST = {}
-
-
-@pytest.fixture(scope="module", autouse=True)
-def report_worst():
-    yield
-    print("\nworst relative error:", {k: f"{v:.2e}" for k, v in WORST.items()})
-
-
-def note(oracle: str, err: float) -> float:
-    WORST[oracle] = max(WORST.get(oracle, 0.0), err)
-    return err
-
 
 def tokens_for(vocab: int, shape=(2, 37), seed: int = 1) -> torch.Tensor:
     return torch.randint(0, vocab, shape, generator=torch.Generator().manual_seed(seed))
@@ -79,7 +66,7 @@ def hf_checkpoint(tmp_path_factory):
     return hf, path
 
 
-def test_hf_sharded_checkpoint_matches_transformers(hf_checkpoint):
+def test_hf_sharded_checkpoint_matches_transformers(hf_checkpoint, note):
     hf, path = hf_checkpoint
     assert (
         len(list(path.glob("model-*-of-*.safetensors"))) > 1
@@ -247,7 +234,7 @@ def meta_logits(ref, tokens):
     return ref(tokens, start_pos=0)
 
 
-def test_meta_checkpoint_matches_reference(meta_reference, meta_checkpoint):
+def test_meta_checkpoint_matches_reference(meta_reference, meta_checkpoint, note):
     model = ml.load(meta_checkpoint, progress=False)
     assert model.args.ffn_hidden_dim == meta_reference.layers[0].feed_forward.w1.weight.shape[0]
     assert model.args.max_seq_len == 131_072  # Llama 3.1 (scaled RoPE) when params.json does not say
@@ -260,7 +247,7 @@ def test_meta_checkpoint_matches_reference(meta_reference, meta_checkpoint):
     )
 
 
-def test_meta_two_shards_written_by_metas_resharder(meta_reference, tmp_path):
+def test_meta_two_shards_written_by_metas_resharder(meta_reference, tmp_path, note):
     """Shards cut by llama-models' own `reshard_mp` (model parallel 1 -> 2) load to the same logits."""
     from llama_models.checkpoint import reshard_mp
 
@@ -308,7 +295,7 @@ def test_hf_layout_preferred_over_original(hf_checkpoint, meta_checkpoint, tmp_p
 # save
 
 
-def test_save_round_trip_and_transformers_reads_it(tmp_path):
+def test_save_round_trip_and_transformers_reads_it(tmp_path, note):
     from transformers import LlamaForCausalLM
 
     args = ml.ModelArgs(

@@ -9,24 +9,13 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import toc_files
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 
 
-def _toc_files(entry) -> list[str]:
-    found = []
-    if isinstance(entry, dict):
-        for key in ("root", "file"):
-            if key in entry:
-                found.append(str(entry[key]))
-        for key in ("parts", "chapters", "sections"):
-            for child in entry.get(key) or []:
-                found.extend(_toc_files(child))
-    return found
-
-
-TOC_FILES = _toc_files(yaml.safe_load((ROOT / "_toc.yml").read_text()))
+TOC_FILES = toc_files(yaml.safe_load((ROOT / "_toc.yml").read_text()))
 
 
 def _source(entry: str) -> Path | None:

@@ -6,19 +6,6 @@ from conftest import CONFIGS, random_model, rel_err, to_hf, to_meta_reference
 
 import minillama as ml
 
-WORST = {}  # worst relative error seen per oracle, printed at the end of the module
-
-
-@pytest.fixture(scope="module", autouse=True)
-def report_worst():
-    yield
-    print("\nworst relative error:", {k: f"{v:.2e}" for k, v in WORST.items()})
-
-
-def note(oracle: str, err: float) -> float:
-    WORST[oracle] = max(WORST.get(oracle, 0.0), err)
-    return err
-
 
 def cached_logits(model, tokens, split):
     """Prefill tokens[:, :split], then decode the rest one position at a time."""
@@ -31,7 +18,7 @@ def cached_logits(model, tokens, split):
 
 
 @pytest.mark.parametrize("name", CONFIGS)
-def test_matches_hugging_face(name):
+def test_matches_hugging_face(name, note):
     model = random_model(CONFIGS[name])
     hf = to_hf(model)
     tokens = torch.randint(0, model.args.vocab_size, (2, 40), generator=torch.Generator().manual_seed(1))
@@ -43,7 +30,7 @@ def test_matches_hugging_face(name):
 
 
 @pytest.mark.parametrize("name", ["gqa4", "mqa"])
-def test_matches_meta_reference(name, model_parallel):
+def test_matches_meta_reference(name, model_parallel, note):
     model = random_model(CONFIGS[name])
     ref = to_meta_reference(model)
     tokens = torch.randint(0, model.args.vocab_size, (3, 33), generator=torch.Generator().manual_seed(2))

@@ -28,6 +28,7 @@ from urllib.parse import unquote, urlparse
 
 import pytest
 import yaml
+from conftest import toc_files
 
 ROOT = Path(__file__).resolve().parents[1]
 HTML = ROOT / "_build" / "html"
@@ -48,22 +49,9 @@ DESKTOP_WIDTH, MOBILE_WIDTH, VIEW_HEIGHT, MAX_SHOT_HEIGHT = 1280, 390, 900, 1200
 BAD_OUTPUT = re.compile(r"Traceback|Warning|warnings\.warn")
 
 
-def _toc_files(entry) -> list[str]:
-    """Every `file:` of _toc.yml (root first, then in reading order)."""
-    found = []
-    if isinstance(entry, dict):
-        for key in ("root", "file"):
-            if key in entry:
-                found.append(str(entry[key]))
-        for key in ("parts", "chapters", "sections"):
-            for child in entry.get(key) or []:
-                found.extend(_toc_files(child))
-    return found
-
-
 TOC = yaml.safe_load((ROOT / "_toc.yml").read_text())
 CONFIG = yaml.safe_load((ROOT / "_config.yml").read_text())
-PAGES = [re.sub(r"\.(md|ipynb)$", "", f) for f in _toc_files(TOC)]
+PAGES = [re.sub(r"\.(md|ipynb)$", "", f) for f in toc_files(TOC)]
 CHAPTERS = [p for p in PAGES if p.startswith("notebooks/")]
 
 
