@@ -7,10 +7,11 @@ the query axis instead, `b kv (g t) hd`, so one attention call per KV head serve
 and nothing is repeated in memory. Scores are q·k / sqrt(hd), masked, softmaxed over keys
 (184–190); `scaled_dot_product_attention` accumulates the softmax in float32 whatever the input dtype.
 
-Shapes: x `[b, t, d]`; q `[b, kv, g, t, hd]`; k, v `[b, kv, s, hd]`, s = keys read; mask
-`[b or 1, 1, (g t), s]`, True where a query may read a key.
+Shapes: x `[b, t, d]`; queries and keys rotated together as `[b, t, h + kv, hd]`; q `[b, kv, (g t), hd]`;
+k, v `[b, kv, s, hd]`, s = keys read; mask `[b or 1, 1, (g t) or 1, s]`, True where a query may read a key.
 """
 
+import torch
 import torch.nn.functional as F
 from einops import rearrange
 from torch import nn
@@ -33,16 +34,16 @@ class Attention(nn.Module):
     def forward(self, x, cos, sin, mask, positions=None, end=None):
         """`positions` `[b or 1, t]`: write the new keys and values into the cache at these rows and
         attend over the cache (its first `end` rows when given); None: attend over x alone."""
-        kv, g = self.n_kv_heads, self.n_rep
-        q = rearrange(self.wq(x), "b t (kv g hd) -> b kv g t hd", kv=kv, g=g)
-        k = rearrange(self.wk(x), "b t (kv hd) -> b kv t hd", kv=kv)
+        kv, g, hd = self.n_kv_heads, self.n_rep, self.head_dim
+        # queries and keys turn by the same angles: rotate all h + kv of their heads in one call
+        qk = rearrange(torch.cat((self.wq(x), self.wk(x)), dim=-1), "b t (heads hd) -> b t heads hd", hd=hd)
+        qk = apply_rotary(qk, cos[:, :, None], sin[:, :, None])
+        q = rearrange(qk[:, :, : kv * g], "b t (kv g) hd -> b kv (g t) hd", kv=kv)
+        k = rearrange(qk[:, :, kv * g :], "b t kv hd -> b kv t hd")
         v = rearrange(self.wv(x), "b t (kv hd) -> b kv t hd", kv=kv)
-        q = apply_rotary(q, cos[:, None, None], sin[:, None, None])
-        k = apply_rotary(k, cos[:, None], sin[:, None])
         if positions is not None:
             k, v = self.cache.update(positions, k, v)
             if end is not None:
                 k, v = k[:, :, :end], v[:, :, :end]
-        q = rearrange(q, "b kv g t hd -> b kv (g t) hd")
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         return self.wo(rearrange(out, "b kv (g t) hd -> b t (kv g hd)", g=g))

@@ -23,6 +23,20 @@ import torch
 from .model import Transformer
 
 
+def argmax(x: torch.Tensor, chunk: int = 256) -> torch.Tensor:
+    """`x.argmax(dim=-1)` for `[b, v]` (the same index, the first of tied maxima), in two passes when v
+    splits into chunks: the largest value of each chunk, the best chunk, then the best entry within it.
+    A CPU's argmax over one long row runs as a scalar loop (~0.23 ms for 128,256 logits here), while
+    amax vectorises (~0.01 ms); the two passes take ~0.03 ms, ~2.5 % of a tiny-model decode step."""
+    b, v = x.shape
+    if v % chunk or v < 16 * chunk:
+        return x.argmax(dim=-1)
+    chunks = x.view(b, v // chunk, chunk)
+    best = chunks.amax(dim=-1).argmax(dim=-1, keepdim=True)  # [b, 1]: the first chunk holding the max
+    within = chunks.gather(1, best[:, :, None].expand(b, 1, chunk))[:, 0].argmax(dim=-1)
+    return best[:, 0] * chunk + within
+
+
 def sample(
     logits: torch.Tensor,
     temperature: float = 0.0,
@@ -33,7 +47,7 @@ def sample(
     """Next tokens `[b]` from logits `[b, v]`: argmax when temperature is 0, else a draw from the
     tempered softmax restricted to the top_k largest logits and to the top_p nucleus."""
     if temperature == 0:
-        return logits.argmax(dim=-1)
+        return argmax(logits)
     logits = logits.float() / temperature
     if top_k is not None and top_k < logits.shape[-1]:
         kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
@@ -51,7 +65,7 @@ def sample(
     noise = (
         torch.empty_like(probs).exponential_(1, generator=generator).clamp_min_(torch.finfo(probs.dtype).tiny)
     )
-    return (probs / noise).argmax(dim=-1)
+    return argmax(probs / noise)
 
 
 def prefill(
@@ -143,8 +157,9 @@ def _steps(model: Transformer, rows, max_new_tokens, stops, sampling, step) -> I
     lengths = torch.tensor([len(r) for r in rows], device=device)
     stop_ids = torch.tensor(sorted(stops), dtype=torch.long, device=device)
     # the stop check reads a flag back to the host: free on a CPU, a sync per step on an accelerator,
-    # so there it runs every few steps (tokens after a row's stop are dropped anyway)
-    check_every = 1 if device.type == "cpu" else 8
+    # so there it runs every few steps (tokens after a row's stop are dropped anyway); with no stop
+    # tokens there is nothing to check
+    check_every = (1 if device.type == "cpu" else 8) if stops else max_new_tokens
 
     token, _ = prefill(model, tokens, lengths, **sampling)
     done = torch.isin(token[:, 0], stop_ids)
@@ -155,7 +170,8 @@ def _steps(model: Transformer, rows, max_new_tokens, stops, sampling, step) -> I
             return
         token, _ = step(model, token, pos, **sampling)
         pos += 1
-        done |= torch.isin(token[:, 0], stop_ids)
+        if stops:
+            done |= torch.isin(token[:, 0], stop_ids)
         yield token[:, 0]
 
 

@@ -36,10 +36,14 @@ class KVCache(nn.Module):
     def update(self, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
         """Write `k`, `v` `[b, kv, t, hd]` at `positions` `[b or 1, t]`; return the whole cache of
         the batch's rows, `[b, kv, s, hd]` (the caller masks positions not yet written)."""
-        b, t = k.shape[0], k.shape[2]
-        rows = torch.arange(b, device=k.device)[:, None]
-        positions = positions.expand(b, t)
-        # advanced indices on dims 0 and 2 put (b, t) first: the values are laid out as b t kv hd
-        self.k[rows, :, positions] = k.transpose(1, 2)
-        self.v[rows, :, positions] = v.transpose(1, 2)
+        b = k.shape[0]
+        if positions.shape[0] == 1:  # every row writes the same positions: one copy along s
+            index = positions[0].long()
+            self.k[:b].index_copy_(2, index, k)
+            self.v[:b].index_copy_(2, index, v)
+        else:  # row r writes its own positions
+            rows = torch.arange(b, device=k.device)[:, None]
+            # advanced indices on dims 0 and 2 put (b, t) first: the values are laid out as b t kv hd
+            self.k[rows, :, positions] = k.transpose(1, 2)
+            self.v[rows, :, positions] = v.transpose(1, 2)
         return self.k[:b], self.v[:b]

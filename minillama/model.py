@@ -101,8 +101,9 @@ class Transformer(nn.Module):
             cached = positions
             keys = torch.arange(end or self.cache_shape[1], device=tokens.device)
         # the causal mask from positions: a query at position i reads keys at positions 0..i
-        mask = keys[None, None, :] <= positions[:, :, None]  # [b or 1, t, s]
-        mask = repeat(mask, "b t s -> b 1 (g t) s", g=self.args.n_rep)
+        mask = keys <= positions[:, :, None]  # [b or 1, t, s]
+        # the query axis is (g t): one row per head of a group; a single position broadcasts over g
+        mask = repeat(mask, "b t s -> b 1 (g t) s", g=self.args.n_rep) if t > 1 else mask[:, None]
         cos, sin = self.rope(positions)
         h = self.tok_embeddings(tokens)
         for layer in self.layers:
@@ -122,7 +123,7 @@ class Transformer(nn.Module):
         b, t = tokens.shape
         # a value check reads the tokens back; skip it only for single-token steps on an accelerator
         if (tokens.device.type == "cpu" or t > 1) and not tokens.is_meta and tokens.numel():
-            lo, hi = int(tokens.min()), int(tokens.max())
+            lo, hi = (int(v) for v in torch.aminmax(tokens))
             if lo < 0 or hi >= self.args.vocab_size:
                 raise ValueError(
                     f"token ids must be in 0..{self.args.vocab_size - 1}; got ids from {lo} to {hi}"
@@ -147,7 +148,7 @@ class Transformer(nn.Module):
                 )
             if start_pos.device.type != "cpu":
                 return  # reading it back would synchronise every decode step
-            first, last = int(start_pos.min()), int(start_pos.max())
+            first, last = (int(v) for v in torch.aminmax(start_pos))
         else:
             first = last = start_pos
         if first < 0 or last + t > cache_s:

@@ -243,3 +243,21 @@ def test_seed_none_samples_from_the_global_generator(model):
     a = ml.generate(model, PROMPTS, **kw)
     torch.manual_seed(11)
     assert ml.generate(model, PROMPTS, **kw) == a
+
+
+@pytest.mark.parametrize("vocab", [300, 8192, 128_256])
+def test_two_pass_argmax_is_torch_argmax_ties_and_nan_included(vocab):
+    from minillama.generate import argmax
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(6, vocab, generator=g)
+    x[1] = 0.0  # every entry tied: the first index
+    x[2, [vocab // 3, vocab // 2, vocab - 1]] = 9.0  # three tied maxima in different chunks
+    x[3, 7:9] = 5.0  # tied neighbours inside one chunk
+    x[4, [vocab // 2, vocab - 3]] = float("nan")  # NaN counts as the largest, as in torch.argmax
+    x[5] = float("-inf")
+    x[5, vocab - 1] = -1e30
+    assert torch.equal(argmax(x), x.argmax(dim=-1))
+    assert argmax(x)[2] == vocab // 3 and argmax(x)[4] == vocab // 2
+    y = torch.randn(3, vocab, generator=g).bfloat16()  # bf16 rounding makes ties common
+    assert torch.equal(argmax(y), y.argmax(dim=-1))

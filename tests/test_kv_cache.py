@@ -29,3 +29,18 @@ def test_model_setup_cache_follows_device_and_dtype():
     assert not any("cache" in k for k in model.state_dict())
     model.clear_cache()
     assert model.cache_shape is None
+
+
+def test_shared_and_per_row_positions_write_the_same_cache():
+    # positions [1, t] shared by every row take the copy path; [b, t] the per-row scatter
+    g = torch.Generator().manual_seed(0)
+    k, v = torch.randn(3, 2, 4, 8, generator=g), torch.randn(3, 2, 4, 8, generator=g)
+    shared, per_row = ml.KVCache(3, 16, 2, 8), ml.KVCache(3, 16, 2, 8)
+    keys, values = shared.update(torch.tensor([[5, 6, 7, 8]]), k, v)
+    per_row.update(torch.tensor([[5, 6, 7, 8]]).expand(3, 4), k, v)
+    assert torch.equal(shared.k, per_row.k) and torch.equal(shared.v, per_row.v)
+    assert torch.equal(keys[:, :, 5:9], k) and torch.equal(values[:, :, 5:9], v)
+    assert shared.k[:, :, :5].abs().sum() == 0 and shared.k[:, :, 9:].abs().sum() == 0
+    half = ml.KVCache(3, 16, 2, 8)  # a smaller batch writes only its rows
+    half.update(torch.tensor([[0]]), k[:2, :, :1], v[:2, :, :1])
+    assert half.k[2].abs().sum() == 0 and torch.equal(half.k[:2, :, :1], k[:2, :, :1])
