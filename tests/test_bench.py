@@ -189,3 +189,18 @@ def test_hf_peer_holds_the_same_weights(monkeypatch, via):
         ours, theirs = model(tokens), hf(tokens).logits
     torch.testing.assert_close(theirs, ours, rtol=1e-4, atol=1e-5)
     assert ours.abs().max() > 1e-2  # not trivially small logits
+
+
+@pytest.mark.parametrize("script", ["cpu.sh", "gpu_h200.sh"])
+def test_benchmark_scripts_parse_and_name_real_variants(script):
+    import re
+    import subprocess
+    from pathlib import Path
+
+    path = Path(__file__).parent.parent / "benchmarks" / script
+    subprocess.run(["bash", "-n", str(path)], check=True)  # a syntax error fails here, not on the GPU
+    text = path.read_text()
+    named = re.findall(r"--variants[ =]\"?([\w,-]+)", text) + re.findall(r"^VARIANTS=([\w,-]+)", text, re.M)
+    names = {v for group in named for v in group.split(",") if v}
+    assert names, f"no variants found in {script}"
+    assert bench._variant_list(sorted(names))  # raises on an unknown variant name
