@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The CPU measurement committed for chapters 7 and 8: the tiny model (random weights, seeded) in float32,
 # prompt 32 + 64 new tokens, every CPU variant and Hugging Face's on the same weights, in two parts merged
-# into one JSON that names the machine (about 15 minutes on 2 cores; run it on an otherwise idle machine:
-# a second busy process changes every figure):
+# into one JSON that names the machine (about 8 minutes on 2 cores: 471 s the last time; run it on an
+# otherwise idle machine: a second busy process changes every figure):
 #   1  batch 1, 15 repeats: the headline ratios (ml.generate / HF generate, decode step / matvec)
 #   2  batch 2, 4, 8, 16, 7 repeats: the batch sweep
 #
