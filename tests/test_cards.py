@@ -307,7 +307,7 @@ def test_a_wrong_shape_is_caught():
     )
     c.outputs = [wrong]
     with pytest.raises(RuntimeError, match="disagree"):
-        cards._check_shapes(c, B8, 2)
+        cards.trace.check_shapes(c, B8, 2)
 
 
 # rendering
