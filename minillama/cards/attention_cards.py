@@ -131,9 +131,9 @@ def kv_cache(c: Ctx) -> dict:
         buffer = Axis(c.batch, "batch"), Axis(a.n_kv_heads, "kv heads"), pos_axis(a.max_seq_len)
         kw["notes"] = [
             (
-                f"Buffers per layer: K, V [{', '.join(str(x) for x in buffer)}, {a.head_dim} d_h], "
+                f"Buffers per layer: K, V [{', '.join(str(x) for x in buffer)}, {a.head_dim} hd], "
                 f"allocated for max_seq_len = {commas(a.max_seq_len)} (minillama's layout is head-first; "
-                f"Meta's is [batch, positions, kv heads, d_h])."
+                f"Meta's is [batch, positions, kv heads, hd])."
             )
         ]
     return kw

@@ -20,7 +20,7 @@ def _assemble(name: str, c: Ctx) -> Card:
     entry = CARDS[name]
     kw = entry.build(c)
     facts = kw.pop("facts", {})
-    mode_line, state_line = mode_lines(c)
+    mode_line, state_line = mode_lines(c, entry.kv)
     title = f"{c.args.name} · {entry.title}" + (f" · {name}" if entry.kind == "tensor" else "")
     card = Card(
         name=name,

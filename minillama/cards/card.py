@@ -31,7 +31,7 @@ class Parameters:
     def line(self) -> str:
         if self.instances == 1:
             return commas(self.per_instance)
-        return f"{commas(self.per_instance)} · × {self.instances} {self.instance_word} = {commas(self.total)}"
+        return f"{commas(self.per_instance)} × {self.instances} {self.instance_word} = {commas(self.total)}"
 
     def across(self) -> str:
         if self.instances == 1:

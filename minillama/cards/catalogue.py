@@ -19,20 +19,21 @@ class Entry(NamedTuple):
     kind: str  # "component" or "tensor"
     title: str
     build: Callable[[Ctx], dict]
+    kv: bool = True  # False: works on each position alone; its card prints no KV-cache lines
 
 
 CARDS: dict[str, Entry] = {
     # components, in the order data flows through the model
-    "embedding": Entry("component", "Token embedding", components.embedding),
-    "attention_norm": Entry("component", "Attention RMSNorm", components.attention_norm),
-    "ffn_norm": Entry("component", "Feed-forward RMSNorm", components.ffn_norm),
-    "norm": Entry("component", "Final RMSNorm", components.norm),
-    "rope": Entry("component", "Rotary embedding", components.rope),
+    "embedding": Entry("component", "Token embedding", components.embedding, kv=False),
+    "attention_norm": Entry("component", "Attention RMSNorm", components.attention_norm, kv=False),
+    "ffn_norm": Entry("component", "Feed-forward RMSNorm", components.ffn_norm, kv=False),
+    "norm": Entry("component", "Final RMSNorm", components.norm, kv=False),
+    "rope": Entry("component", "Rotary embedding", components.rope, kv=False),
     "attention": Entry("component", "Grouped-query attention", attention_cards.attention),
     "kv_cache": Entry("component", "KV cache", attention_cards.kv_cache),
-    "feed_forward": Entry("component", "SwiGLU feed-forward", components.feed_forward),
+    "feed_forward": Entry("component", "SwiGLU feed-forward", components.feed_forward, kv=False),
     "block": Entry("component", "Transformer block", components.block),
-    "output": Entry("component", "Output head", components.output),
+    "output": Entry("component", "Output head", components.output, kv=False),
     "model": Entry("component", "Whole model", components.model),
     # tensors
     "xq": Entry("tensor", "Query heads", tensor_cards.xq),
@@ -43,8 +44,8 @@ CARDS: dict[str, Entry] = {
     "scores": Entry("tensor", "Attention scores", tensor_cards.scores),
     "probs": Entry("tensor", "Attention probabilities", tensor_cards.probs),
     "attn_out": Entry("tensor", "Merged head outputs", tensor_cards.attn_out),
-    "residual": Entry("tensor", "Residual stream", tensor_cards.residual),
-    "ffn_hidden": Entry("tensor", "Feed-forward hidden", tensor_cards.ffn_hidden),
+    "residual": Entry("tensor", "Residual stream", tensor_cards.residual, kv=False),
+    "ffn_hidden": Entry("tensor", "Feed-forward hidden", tensor_cards.ffn_hidden, kv=False),
 }
 COMPONENTS = {name: e.title for name, e in CARDS.items() if e.kind == "component"}
 TENSORS = {name: e.title for name, e in CARDS.items() if e.kind == "tensor"}

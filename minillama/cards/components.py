@@ -90,8 +90,9 @@ def _rope_bands(a: ModelArgs) -> str:
     if not a.use_scaled_rope:
         return f"Unscaled: all {len(base)} pairs keep theta = {a.rope_theta:,.0f} frequencies."
     return (
-        f"Of {len(base)} pairs, {kept} with wavelengths under {commas(int(short))} positions are kept, {divided} over "
-        f"{commas(int(long))} are divided by {a.rope_scale_factor:g}, and {blended} between are blended smoothly."
+        f"Of {len(base)} pairs, {kept} with wavelengths under {commas(int(short))} positions are kept; {divided} "
+        f"with wavelengths over {commas(int(long))} have their frequencies divided by {a.rope_scale_factor:g} "
+        f"(wavelengths {a.rope_scale_factor:g}× longer); {blended} between are blended smoothly."
     )
 
 
@@ -101,7 +102,7 @@ def rope(c: Ctx) -> dict:
     table = a.max_seq_len * p * 2 * BYTES_32
     text = (
         f"ω_p = {a.rope_theta:,.0f}^(−2p / {a.head_dim}) before Llama 3.1 scaling. " + _rope_bands(a),
-        "Hugging Face pairs channel i with i + d_h/2 instead and permutes wq, wk to match.",
+        "Hugging Face pairs channel i with i + hd/2 instead and permutes wq, wk to match.",
     )
     return {
         "subtitle": "Rotates each (2p, 2p+1) channel pair of every query and key head by position · ω_p.",
@@ -226,6 +227,22 @@ def output(c: Ctx) -> dict:
     }
 
 
+def _decode_floor_text(c: Ctx, floor: int) -> str:
+    """What the decode floor counts: every weight but the embedding table (a token reads one row of it)."""
+    a, count = c.args, c.count
+    matrices = (count.total - count.embedding) * BYTES_16
+    row = a.dim * BYTES_16
+    kv = kv_cache_bytes(a, c.keys)
+    if matrices + row + kv != floor:  # accounting.decode_step_bytes and this sentence must agree
+        raise RuntimeError(f"decode floor {floor:,} B != {matrices:,} + {row:,} + {kv:,} B")
+    return (
+        "A decode step's floor reads every weight once except the embedding table "
+        f"({format_bytes(count.embedding * BYTES_16)}), of which a sequence reads only its token's row: "
+        f"{format_bytes(matrices)} of other weights + {format_bytes(row)} + {format_bytes(kv)} of KV cache "
+        f"= {format_bytes(floor)}."
+    )
+
+
 def model(c: Ctx) -> dict:
     a, count = c.args, c.count
     rows = tuple((c_, calc, n) for c_, calc, n in count.table() if c_ != "Total")
@@ -236,12 +253,16 @@ def model(c: Ctx) -> dict:
         ("KV cache after this call · 16-bit", format_bytes(kv_cache_bytes(a, c.keys))),
         ("FLOPs per new position", commas(flops_per_token(a, c.keys))),
     ]
-    if c.mode == "decode":
-        figures.append(("Bytes a decode step reads at least", format_bytes(decode_step_bytes(a, c.keys))))
-    text = (
+    text = [
         "FLOPs count 2 per weight of every matrix product plus the score and value products "
-        f"over {commas(c.keys)} keys; a decode step's floor reads every weight once and the cache."
-    )
+        f"over {commas(c.keys)} keys."
+    ]
+    facts = {}
+    if c.mode == "decode":
+        floor = decode_step_bytes(a, c.keys)
+        figures.append(("Bytes a decode step reads at least · 16-bit", format_bytes(floor)))
+        text.append(_decode_floor_text(c, floor))
+        facts["decode_step_bytes"] = floor
     logits = NamedTensor(
         SYMBOLS["logits"], (c.B, pos_axis(c.t), Axis(a.vocab_size, "vocab")), "float32", ":out"
     )
@@ -251,6 +272,7 @@ def model(c: Ctx) -> dict:
         "inputs": [NamedTensor(SYMBOLS["tokens"], (c.B, pos_axis(c.t)), "int64 ids", "tokens")],
         "outputs": [logits],
         "parameters": params(rows, count.total, 1, module_total, a, word=""),
-        "numbers": [Figure("Per sequence", tuple(figures), (text,))],
+        "numbers": [Figure("Per sequence", tuple(figures), (" ".join(text),))],
         "sources": sources(a, "config", "context", "transformer", "logits", "handoff"),
+        "facts": facts,
     }

@@ -84,8 +84,18 @@ def make_ctx(args, mode, positions, batch) -> Ctx:
     return Ctx(args, mode, positions, batch, t, keys)
 
 
-def mode_lines(c: Ctx) -> tuple[str, str]:
+def mode_lines(c: Ctx, kv: bool = True) -> tuple[str, str]:
+    """The mode and state lines; `kv` False for what works on each position alone (no keys read)."""
     P, T, L = c.positions, c.t, c.keys
+    if not kv:
+        return (
+            {
+                "decode": f"decode · 1 new position, at position P = {commas(P)}",
+                "prefill": f"prefill · T = {commas(T)} new positions, at positions 0–{commas(T - 1)}",
+                "full": f"full sequence · T = {commas(T)} positions",
+            }[c.mode],
+            "no KV cache here: each position is computed on its own; only attention writes and reads the cache",
+        )
     if c.mode == "decode":
         return (
             f"decode · P = {commas(P)} cached positions · L = P + 1 = {commas(L)} keys read",
@@ -141,7 +151,7 @@ def rope_tensor(c: Ctx, traced="rope") -> NamedTensor:
 
 
 def heads(c: Ctx, sym: str, n: int, word: str, t_axis: Axis, traced: str, note="") -> NamedTensor:
-    return NamedTensor(SYMBOLS[sym], (c.B, Axis(n, word), t_axis, Axis(c.args.head_dim, "d_h")), note, traced)
+    return NamedTensor(SYMBOLS[sym], (c.B, Axis(n, word), t_axis, Axis(c.args.head_dim, "hd")), note, traced)
 
 
 # parameters

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from .card import Figure
 from .context import Ctx, heads, sources, x_tensor
-from .tensors import BYTES_16, SYMBOLS, Axis, NamedTensor, commas, format_bytes, pos_axis
+from .tensors import BYTES_16, SYMBOLS, Axis, NamedTensor, commas, format_bytes, pos_axis, rows_text
 
 
 def _attention_where(c: Ctx, name: str) -> str:
@@ -61,20 +61,30 @@ def xv(c: Ctx) -> dict:
 def _cache(c: Ctx, name: str, sym: str, traced: str, what: str) -> dict:
     a = c.args
     elements = c.keys * a.n_kv_heads * a.head_dim
-    subtitle = (
-        f"The {what} attention reads this call: rows 0–{commas(c.keys - 1)} of the layer's cache."
-        if c.mode != "full"
-        else f"No cache in full-sequence mode: the {what} read are this call's own."
-    )
-    rows = ()
-    if c.mode != "full":
+    numbers = _size(elements)
+    if c.mode == "full":
+        subtitle = f"No cache in full-sequence mode: the {what} read are this call's own."
+    else:
+        # what tells prefill from decode: how many positions this call writes, which rows, how many it reads
+        written = rows_text(c.keys - c.t, c.keys - 1)
+        by = "this call's 1 new position" if c.t == 1 else f"this call's {commas(c.t)} new positions"
+        subtitle = (
+            f"The {what} attention reads this call: {rows_text(0, c.keys - 1)} of the layer's cache; "
+            f"{written} written by {by}."
+        )
+        call = (
+            ("New positions (queries)", commas(c.t)),
+            ("Cache rows written", written),
+            ("Keys read, L", commas(c.keys)),
+        )
         allocated = a.max_seq_len * a.n_kv_heads * a.head_dim * BYTES_16
-        rows = ((f"Allocated for {commas(a.max_seq_len)} positions · 16-bit", format_bytes(allocated)),)
+        allocated_row = (f"Allocated for {commas(a.max_seq_len)} positions · 16-bit", format_bytes(allocated))
+        numbers = [Figure("This call", call)] + _size(elements, rows=(allocated_row,))
     return {
         "tensor": heads(c, sym, a.n_kv_heads, "kv heads", pos_axis(c.keys), traced),
         "subtitle": subtitle,
         "where": _attention_where(c, name),
-        "numbers": _size(elements, rows=rows),
+        "numbers": numbers,
         "sources": sources(a, "kv-cache", "gqa", "hf-attention"),
         "facts": {"elements": elements},
     }
@@ -110,7 +120,7 @@ def _scores(c: Ctx, name: str, sym: str, note: str, subtitle: str) -> dict:
 
 def scores(c: Ctx) -> dict:
     subtitle = "One score per query head, new position and key read."
-    return _scores(c, "scores", "S", "q·k / sqrt(d_h) plus the causal mask", subtitle)
+    return _scores(c, "scores", "S", "q·k / sqrt(hd) plus the causal mask", subtitle)
 
 
 def probs(c: Ctx) -> dict:
@@ -121,7 +131,7 @@ def probs(c: Ctx) -> dict:
 def attn_out(c: Ctx) -> dict:
     a = c.args
     elements = c.t * a.n_heads * a.head_dim
-    width = Axis(a.n_heads * a.head_dim, f"({a.n_heads} heads × {a.head_dim} d_h)")
+    width = Axis(a.n_heads * a.head_dim, f"({a.n_heads} heads × {a.head_dim} hd)")
     return {
         "tensor": NamedTensor(
             SYMBOLS["O"], (c.B, pos_axis(c.t), width), "heads merged, before wo", "layers.0.attention.wo:in"
