@@ -21,9 +21,13 @@ TORCH_PIN := torch==2.13.0
 # Reinstalls whenever requirements.txt or pyproject.toml changes.
 STAMP := $(VENV)/.installed
 NOTEBOOKS := $(sort $(wildcard notebooks/*.ipynb))
+# The site typesets its math with its own MathJax (no CDN): the npm package, by name and version, unpacked into
+# .venv/mathjax (book/_ext/minillama_site.py serves it; its MATHJAX_VERSION must match).
+MATHJAX_VERSION := 3.2.2
+MATHJAX := $(VENV)/mathjax/es5/tex-mml-chtml.js
 CELL_TIMEOUT ?= 600
 
-.PHONY: help venv book test lint pytest nbval book-strict browser-test execute lab bench clean distclean
+.PHONY: help venv mathjax book test lint pytest nbval book-strict browser-test execute lab bench clean distclean
 
 help:
 	@sed -n '2,7p' Makefile | sed 's/^# *//'
@@ -41,7 +45,16 @@ $(STAMP): requirements.txt pyproject.toml | $(BIN)/python
 
 venv: $(STAMP)
 
-book: $(STAMP)
+$(MATHJAX): | $(BIN)/python
+	@command -v npm >/dev/null || { echo "make: npm is needed to fetch mathjax@$(MATHJAX_VERSION) (apt-get install npm)"; exit 1; }
+	rm -rf $(VENV)/mathjax $(VENV)/mathjax.tmp && mkdir -p $(VENV)/mathjax.tmp
+	cd $(VENV)/mathjax.tmp && npm pack --silent mathjax@$(MATHJAX_VERSION) >/dev/null && tar xzf mathjax-$(MATHJAX_VERSION).tgz
+	mv $(VENV)/mathjax.tmp/package $(VENV)/mathjax && rm -rf $(VENV)/mathjax.tmp
+	@test -f $@
+
+mathjax: $(MATHJAX)
+
+book: $(STAMP) $(MATHJAX)
 	$(BIN)/jupyter-book build .
 	@echo "The book: $(CURDIR)/_build/html/index.html"
 
@@ -64,10 +77,10 @@ else
 endif
 
 # --all: reread every page, so warnings of pages unchanged since the last build are not skipped.
-book-strict: $(STAMP)
+book-strict: $(STAMP) $(MATHJAX)
 	$(BIN)/jupyter-book build --all -W --keep-going .
 
-browser-test: $(STAMP)
+browser-test: $(STAMP) $(MATHJAX)
 	-@.ci/install-chromium || echo "chromium is not installed: the browser test skips (fails under CI=true)"
 	$(BIN)/python -m pytest tests/test_site.py
 

@@ -149,3 +149,149 @@ def test_notebook_has_no_machine_paths(notebook):
     text = notebook.read_text()
     found = re.findall(r"(?:/work/|/root/|/home/[a-z]|/Users/[A-Za-z]|/tmp/ml)[^\s\"'\\]*", text)
     assert not found, f"{notebook.name} stores machine paths: {sorted(set(found))[:5]}"
+
+
+# --- the conventions every chapter follows (BRIEF "Standards"; issue 14) ---------------------------------------
+# Figures: each figure output is followed by a markdown caption cell `**Figure C.N —** …`, numbered in order.
+# Exercises: each exercise N is followed by a markdown cell `:::{dropdown} Solution to exercise N` … `:::` and,
+# right after it, a code cell that checks the answer with an `assert`. No stored output is a bare `True`/`False`
+# where a number was the claim. Code lines stay within 100 characters (the site's column at 1280 px holds them).
+
+MAX_CODE_LINE = 100
+CAPTION = re.compile(r"\*\*Figure (\d+)\.(\d+) —\*\* \S")
+SOLUTION = re.compile(r"\A:::\{dropdown\} Solution to exercise (\d+)\s*\n")
+EXERCISES_HEADING = re.compile(r"^(#+)\s+Exercises\s*$", re.MULTILINE)
+# a printed claim whose value is a bare boolean: a line that is `True`, or ends in `: True` (`claim: False` …)
+BARE_BOOL = re.compile(r"^\s*(True|False)\s*$|:\s*(True|False)\s*$")
+
+
+def _cells(notebook: Path) -> list[dict]:
+    return [{**c, "text": "".join(c["source"])} for c in json.loads(notebook.read_text())["cells"]]
+
+
+def _chapter(notebook: Path) -> int:
+    return int(re.match(r"(\d+)_", notebook.name).group(1))
+
+
+def _has_figure(cell: dict) -> bool:
+    return any(
+        "image/png" in o.get("data", {}) or "image/svg+xml" in o.get("data", {})
+        for o in cell.get("outputs", [])
+    )
+
+
+def _exercise_section(cells: list[dict]) -> tuple[int, list[tuple[int, int]]]:
+    """(index of the Exercises heading cell or -1, [(cell index, exercise number)] of the statements)."""
+    start = next(
+        (
+            i
+            for i, c in enumerate(cells)
+            if c["cell_type"] == "markdown" and EXERCISES_HEADING.search(c["text"])
+        ),
+        -1,
+    )
+    if start < 0:
+        return -1, []
+    level = len(EXERCISES_HEADING.search(cells[start]["text"]).group(1))
+    statements = []
+    for i in range(start, len(cells)):
+        cell = cells[i]
+        if cell["cell_type"] != "markdown" or SOLUTION.match(cell["text"]):
+            continue
+        text = cell["text"]
+        if i == start:
+            text = text[EXERCISES_HEADING.search(text).end() :]
+        elif re.match(rf"^#{{1,{level}}}\s", text):
+            break  # the next section of the same or a higher level
+        numbers = re.findall(r"^(\d+)\.\s", text, re.MULTILINE) + re.findall(r"\*\*Exercise (\d+)", text)
+        statements += [(i, int(n)) for n in numbers]
+    return start, statements
+
+
+def _asserts(source: str) -> bool:
+    code = "\n".join("" if ln.lstrip().startswith(("%", "!")) else ln for ln in source.splitlines())
+    return any(isinstance(node, ast.Assert) for node in ast.walk(ast.parse(code)))
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.name)
+def test_figures_are_numbered_and_captioned(notebook):
+    cells, chapter, expected, problems = _cells(notebook), _chapter(notebook), 1, []
+    for i, cell in enumerate(cells):
+        if cell["cell_type"] != "code" or not _has_figure(cell):
+            continue
+        figures = sum(
+            "image/png" in o.get("data", {}) or "image/svg+xml" in o.get("data", {}) for o in cell["outputs"]
+        )
+        if figures > 1:
+            problems.append(f"cell {i} stores {figures} figures: one figure per cell, each with its caption")
+        nxt = cells[i + 1] if i + 1 < len(cells) else None
+        found = CAPTION.match(nxt["text"]) if nxt and nxt["cell_type"] == "markdown" else None
+        if not found:
+            problems.append(
+                f"cell {i}'s figure is not followed by a caption cell '**Figure {chapter}.{expected} —** …'"
+            )
+        elif (int(found.group(1)), int(found.group(2))) != (chapter, expected):
+            problems.append(
+                f"cell {i + 1}: caption 'Figure {found.group(1)}.{found.group(2)}', "
+                f"expected 'Figure {chapter}.{expected}'"
+            )
+        expected += 1
+    assert not problems, f"{notebook.name}: " + "; ".join(problems)
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.name)
+def test_every_exercise_has_a_solution_and_a_check(notebook):
+    cells = _cells(notebook)
+    start, statements = _exercise_section(cells)
+    assert start >= 0 and statements, f"{notebook.name}: no '## Exercises' section with numbered exercises"
+    numbers = [n for _, n in statements]
+    assert numbers == list(range(1, len(numbers) + 1)), f"{notebook.name}: exercises numbered {numbers}"
+    solutions = {
+        int(SOLUTION.match(c["text"]).group(1)): i
+        for i, c in enumerate(cells)
+        if c["cell_type"] == "markdown" and SOLUTION.match(c["text"])
+    }
+    problems = []
+    for at, n in statements:
+        if n not in solutions:
+            problems.append(f"exercise {n} has no ':::{{dropdown}} Solution to exercise {n}' cell")
+            continue
+        i = solutions[n]
+        if i < at:
+            problems.append(f"the solution to exercise {n} (cell {i}) comes before the exercise (cell {at})")
+        if not cells[i]["text"].rstrip().endswith(":::"):
+            problems.append(f"the solution to exercise {n} (cell {i}) does not close its dropdown with ':::'")
+        check = cells[i + 1] if i + 1 < len(cells) else None
+        if not check or check["cell_type"] != "code" or not _asserts(check["text"]):
+            problems.append(
+                f"the solution to exercise {n} (cell {i}) is not followed by a code cell with an assert"
+            )
+    extra = sorted(set(solutions) - set(numbers))
+    if extra:
+        problems.append(f"solutions to exercises that do not exist: {extra}")
+    assert not problems, f"{notebook.name}: " + "; ".join(problems)
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.name)
+def test_no_output_is_a_bare_boolean(notebook):
+    found = []
+    for i, cell in enumerate(_cells(notebook)):
+        for out in cell.get("outputs", []):
+            if out.get("output_type") == "stream":
+                text = "".join(out.get("text", ""))
+            else:
+                text = "".join(out.get("data", {}).get("text/plain", ""))
+            found += [f"cell {i}: {ln.strip()[:80]!r}" for ln in text.splitlines() if BARE_BOOL.search(ln)]
+    assert not found, f"{notebook.name}: print the number, not True/False: " + "; ".join(found)
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.name)
+def test_code_lines_fit_the_page(notebook):
+    long = [
+        f"cell {i} line {j + 1} ({len(ln)} characters)"
+        for i, cell in enumerate(_cells(notebook))
+        if cell["cell_type"] == "code"
+        for j, ln in enumerate(cell["text"].splitlines())
+        if len(ln) > MAX_CODE_LINE
+    ]
+    assert not long, f"{notebook.name}: code lines over {MAX_CODE_LINE} characters: " + "; ".join(long)

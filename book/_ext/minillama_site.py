@@ -1,11 +1,24 @@
-"""Small fixes to the Jupyter Book 1.x site: the footer's facts and two console errors of the theme stack.
+"""The minillama site's additions to Jupyter Book 1.x: offline math, a wide content column, test markers out of the
+reader's view, the footer's facts, and two console errors of the theme stack fixed.
 
-The footer: the minillama version and the date of the notebooks' stored outputs.
+Math offline. Sphinx loads MathJax 3 from a CDN by default; a reader offline (or this machine, which reaches no CDN)
+then sees raw TeX. The build serves MathJax from the site instead: `make book` fetches the npm package
+`mathjax@MATHJAX_VERSION` (by name and version, not committed here) into `.venv/mathjax/`; `mathjax_path` points at
+its `tex-mml-chtml.js` under `_static/mathjax/`, and the package's `es5/` components and fonts are copied there after
+the build. A build without it stops with an error that says how to get it.
 
-`_config.yml` (html.extra_footer) holds the footer text with `{version}` and `{outputs_date}`. The version is
-read from the literal `__version__` in minillama/__init__.py (no import, so no torch). The date is the latest
-execution timestamp that nbclient records in the cells' metadata when `make execute` runs the notebooks;
-notebooks executed elsewhere without timings fall back to the date of the last commit that touched them.
+A wide page. `book/_static/minillama.css` widens the content column (at 1200–1535 px the page's own contents move
+from a fixed right column into the theme's "On this page" dialog) so 100-character code lines fit at 1280 px, and
+wraps long text outputs instead of hiding them behind a horizontal scroll.
+
+Test markers. `# NBVAL_IGNORE_OUTPUT` and the other `# NBVAL_*` lines tell nbval how to compare a cell; they are
+removed from the displayed source of every code cell (the notebooks keep them).
+
+The footer: the minillama version and the date of the notebooks' stored outputs. `_config.yml` (html.extra_footer)
+holds the footer text with `{version}` and `{outputs_date}`. The version is read from the literal `__version__` in
+minillama/__init__.py (no import, so no torch). The date is the latest execution timestamp that nbclient records in
+the cells' metadata when `make execute` runs the notebooks; notebooks executed elsewhere without timings fall back
+to the date of the last commit that touched them.
 
 The console errors (each would greet every reader in the browser's console; tests/test_site.py checks none):
 - sphinx-thebe's inline `const THEBE_JS_URL ...` script lands twice in every page with jupyter-book 1.0.4 and
@@ -16,9 +29,28 @@ The console errors (each would greet every reader in the browser's console; test
 
 import ast
 import json
+import os
 import re
+import shutil
 import subprocess
 from pathlib import Path
+
+from docutils import nodes
+from sphinx.errors import ConfigError
+
+MATHJAX_VERSION = "3.2.2"  # the Makefile's MATHJAX_VERSION; tests/test_site.py checks the served copy
+MATHJAX_ENTRY = (
+    "tex-mml-chtml.js"  # the component Sphinx's CDN default loads: TeX and MathML in, HTML-CSS out
+)
+# the bundled components of es5/ other than the entry are not needed (MathJax loads extensions from input/, output/,
+# a11y/, ui/, adaptors/ and sre/ on demand)
+MATHJAX_SKIP = re.compile(r"^(?!tex-mml-chtml\.js$)[^/]+\.js$")
+NBVAL_LINE = re.compile(r"^[ \t]*# ?NBVAL_[A-Z_]+.*(?:\n|$)", re.MULTILINE)
+
+
+def _mathjax_dir(root: Path) -> Path:
+    """Where `make book` unpacks the npm package (its es5/ folder); MINILLAMA_MATHJAX_DIR overrides."""
+    return Path(os.environ.get("MINILLAMA_MATHJAX_DIR") or root / ".venv" / "mathjax")
 
 
 def _version(root: Path) -> str:
@@ -67,6 +99,10 @@ def _fill_footer(app, config):
     config.html_theme_options = options
     # pydata-sphinx-theme reads the default colour mode from the template context, not the theme options
     config.html_context = {"default_mode": "auto", **(config.html_context or {})}
+    # the site's stylesheet (book/_static/minillama.css) and favicon
+    static = str(root / "book" / "_static")
+    if static not in config.html_static_path:
+        config.html_static_path = [*config.html_static_path, static]
 
 
 def _drop_duplicate_scripts(app, pagename, templatename, context, doctree):
@@ -83,7 +119,60 @@ def _drop_duplicate_scripts(app, pagename, templatename, context, doctree):
     context["script_files"] = unique
 
 
+def _use_local_mathjax(app, config):
+    """Point Sphinx at the site's own MathJax (unless a conf sets another non-CDN path on purpose)."""
+    if config.mathjax_path and not str(config.mathjax_path).startswith(("http://", "https://")):
+        return
+    source = _mathjax_dir(Path(app.srcdir))
+    found = source / "es5" / MATHJAX_ENTRY
+    if not found.is_file():
+        raise ConfigError(
+            f"MathJax is not installed: {found} is missing. Run `make book` (it fetches the npm package "
+            f"mathjax@{MATHJAX_VERSION} into .venv/mathjax), or unpack that package there yourself "
+            "(npm pack mathjax@" + MATHJAX_VERSION + "; tar xzf mathjax-*.tgz; mv package .venv/mathjax)."
+        )
+    version = json.loads((source / "package.json").read_text()).get("version")
+    if version != MATHJAX_VERSION:
+        raise ConfigError(
+            f"{source} holds MathJax {version}, the site pins {MATHJAX_VERSION}: remove it and run `make book`"
+        )
+    config.mathjax_path = f"mathjax/{MATHJAX_ENTRY}"
+
+
+def _copy_mathjax(app, exception):
+    if exception is not None or app.builder.format != "html":
+        return
+    if str(app.config.mathjax_path) != f"mathjax/{MATHJAX_ENTRY}":
+        return
+    source = _mathjax_dir(Path(app.srcdir)) / "es5"
+    target = Path(app.outdir) / "_static" / "mathjax"
+
+    def skip(folder, names):
+        return [n for n in names if Path(folder) == source and MATHJAX_SKIP.match(n)]
+
+    shutil.copytree(source, target, ignore=skip, dirs_exist_ok=True)
+
+
+def _strip_nbval_markers(app, doctree):
+    """Remove `# NBVAL_*` lines from the displayed source of code cells (MyST-NB's `cell_input` containers)."""
+    for container in doctree.findall(nodes.container):
+        if "cell_input" not in container.get("classes", []):
+            continue
+        for block in container.findall(nodes.literal_block):
+            text = block.astext()
+            if "NBVAL_" not in text:
+                continue
+            cleaned = NBVAL_LINE.sub("", text)
+            block.rawsource = cleaned
+            block.children = []
+            block += nodes.Text(cleaned)
+
+
 def setup(app):
     app.connect("config-inited", _fill_footer)
+    app.connect("config-inited", _use_local_mathjax, priority=900)  # after sphinx.ext.mathjax's defaults
+    app.connect("doctree-read", _strip_nbval_markers)
     app.connect("html-page-context", _drop_duplicate_scripts, priority=900)  # after the themes add theirs
+    app.add_css_file("minillama.css")
+    app.connect("build-finished", _copy_mathjax)
     return {"parallel_read_safe": True, "parallel_write_safe": True}
