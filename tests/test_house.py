@@ -149,3 +149,28 @@ def test_notebook_has_no_machine_paths(notebook):
     text = notebook.read_text()
     found = re.findall(r"(?:/work/|/root/|/home/[a-z]|/Users/[A-Za-z]|/tmp/ml)[^\s\"'\\]*", text)
     assert not found, f"{notebook.name} stores machine paths: {sorted(set(found))[:5]}"
+
+
+def _markdown_texts(notebook: Path):
+    """The Markdown a notebook page renders: its markdown cells and its code cells' Markdown outputs."""
+    for cell in json.loads(notebook.read_text())["cells"]:
+        if cell["cell_type"] == "markdown":
+            yield "".join(cell["source"])
+        for out in cell.get("outputs", []):
+            markdown = out.get("data", {}).get("text/markdown")
+            if markdown:
+                yield "".join(markdown)
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.name)
+def test_table_cells_escape_their_pipes(notebook):
+    """A `|` inside a table cell splits the cell, even inside backticks (`<|eot_id|>`): it must be `\\|`."""
+    broken = []
+    for text in _markdown_texts(notebook):
+        for line in text.splitlines():
+            if not line.lstrip().startswith("|"):
+                continue
+            for span in re.findall(r"`[^`]*`", line):
+                if re.search(r"(?<!\\)\|", span):
+                    broken.append(span)
+    assert not broken, f"{notebook.name}: unescaped | inside table cells: {broken[:5]}"
