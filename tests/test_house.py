@@ -295,3 +295,26 @@ def test_code_lines_fit_the_page(notebook):
         if len(ln) > MAX_CODE_LINE
     ]
     assert not long, f"{notebook.name}: code lines over {MAX_CODE_LINE} characters: " + "; ".join(long)
+def _markdown_texts(notebook: Path):
+    """The Markdown a notebook page renders: its markdown cells and its code cells' Markdown outputs."""
+    for cell in json.loads(notebook.read_text())["cells"]:
+        if cell["cell_type"] == "markdown":
+            yield "".join(cell["source"])
+        for out in cell.get("outputs", []):
+            markdown = out.get("data", {}).get("text/markdown")
+            if markdown:
+                yield "".join(markdown)
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.name)
+def test_table_cells_escape_their_pipes(notebook):
+    """A `|` inside a table cell splits the cell, even inside backticks (`<|eot_id|>`): it must be `\\|`."""
+    broken = []
+    for text in _markdown_texts(notebook):
+        for line in text.splitlines():
+            if not line.lstrip().startswith("|"):
+                continue
+            for span in re.findall(r"`[^`]*`", line):
+                if re.search(r"(?<!\\)\|", span):
+                    broken.append(span)
+    assert not broken, f"{notebook.name}: unescaped | inside table cells: {broken[:5]}"
