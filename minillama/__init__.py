@@ -19,3 +19,13 @@ from .model import Transformer, TransformerBlock
 from .norm import RMSNorm
 from .rope import RotaryEmbedding, apply_rotary, inv_freq
 from .tokenizer import Tokenizer
+
+
+def __getattr__(name: str):
+    # the tensor-parallel entry point (chapter 11) imports torch.distributed's DTensor machinery, about
+    # a second: only when it is first used, not on every `import minillama`
+    if name == "parallelize":
+        from .distributed import parallelize
+
+        return parallelize
+    raise AttributeError(f"module 'minillama' has no attribute {name!r}")
