@@ -62,7 +62,9 @@ class _MetaShards:
             try:  # mmap: nothing is read until a slice is copied; weights_only: no pickled code runs
                 self.shards[i] = torch.load(self.paths[i], map_location="cpu", mmap=True, weights_only=True)
             except (RuntimeError, OSError, EOFError, pickle.UnpicklingError) as error:
-                raise ValueError(f"{self.paths[i]} could not be read as a PyTorch state dict: {error}") from None
+                raise ValueError(
+                    f"{self.paths[i]} could not be read as a PyTorch state dict: {error}"
+                ) from None
         return self.shards[i]
 
     def read(self, name: str, dim: int | None, out: torch.Tensor, start: int, rank: int, degree: int) -> None:

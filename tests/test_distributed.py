@@ -64,33 +64,32 @@ def _compare(mesh, configs):
                 o["decode_rows"] = model(tokens[:, 8:9], start_pos=torch.tensor([8, 8]))
             o["cache"] = tuple(model.layers[0].attention.cache.k.shape)
             o["greedy"] = ml.generate(model, [[1, 2, 3], [4, 5]], max_new_tokens=6, temperature=0.0)
-        errors = {k: (outs["tp"][k] - outs["single"][k]).abs().max().item() for k in outs["tp"] if "_" in k or k in ("full", "prefill")}
-        results.append({"errors": errors, "greedy": (outs["single"]["greedy"], outs["tp"]["greedy"]),
-                        "cache": (outs["single"]["cache"], outs["tp"]["cache"]),
-                        "scale": outs["single"]["full"].abs().max().item()})
+        errors = {
+            k: (outs["tp"][k] - outs["single"][k]).abs().max().item()
+            for k in outs["tp"]
+            if "_" in k or k in ("full", "prefill")
+        }
+        results.append(
+            {
+                "errors": errors,
+                "greedy": (outs["single"]["greedy"], outs["tp"]["greedy"]),
+                "cache": (outs["single"]["cache"], outs["tp"]["cache"]),
+                "scale": outs["single"]["full"].abs().max().item(),
+            }
+        )
     try:  # n_kv_heads = 3 cannot be split over 2 ranks: every rank raises before any collective
-        ml.parallelize(random_model(ml.ModelArgs(dim=48, n_layers=1, n_heads=6, n_kv_heads=3, vocab_size=64,
-                                                 multiple_of=16, max_seq_len=16)), mesh)
+        ml.parallelize(
+            random_model(
+                ml.ModelArgs(
+                    dim=48, n_layers=1, n_heads=6, n_kv_heads=3, vocab_size=64, multiple_of=16, max_seq_len=16
+                )
+            ),
+            mesh,
+        )
         error = None
     except ValueError as e:
         error = str(e)
     return {"rank": mesh.get_local_rank(), "results": results, "degree_error": error}
-
-
-def test_parallel_model_matches_single_process():
-    ranks = spawn(_compare, WORLD, CONFIGS, timeout=TIMEOUT)
-    assert [r["rank"] for r in ranks] == [0, 1]
-    for r in ranks:
-        for args, res in zip(CONFIGS, r["results"]):
-            # row-parallel sums add the same products in another order: float32 rounding, no more
-            for key, err in res["errors"].items():
-                assert err <= 1e-5 * max(1.0, res["scale"]), (args, key, err)
-            single, tp = res["greedy"]
-            assert single == tp and len(single[0]) == 6
-            # each rank's cache holds its own n_kv_heads / 2 heads
-            b, kv, s, hd = res["cache"][0]
-            assert res["cache"][1] == (b, args.n_kv_heads // WORLD, s, hd) and kv == args.n_kv_heads
-        assert "does not divide n_kv_heads=3" in r["degree_error"]
 
 
 def test_check_degree_names_the_limit():
@@ -114,20 +113,48 @@ def test_local_range_cuts_like_torch_chunk():
 
 # -- loading per rank -----------------------------------------------------------------------------
 
-META_ARGS = ml.ModelArgs(dim=64, n_layers=2, n_heads=8, n_kv_heads=4, vocab_size=256, multiple_of=32,
-                         max_seq_len=64, use_scaled_rope=True)
+SEED = 3
+META_ARGS = ml.ModelArgs(
+    dim=64,
+    n_layers=2,
+    n_heads=8,
+    n_kv_heads=4,
+    vocab_size=256,
+    multiple_of=32,
+    max_seq_len=64,
+    use_scaled_rope=True,
+)
 # how fairscale cuts Meta's shards (meta-llama/llama-models models/llama3/model.py): written out here,
 # independently of the loader's own table
-_FAIRSCALE_DIM = {"wq": 0, "wk": 0, "wv": 0, "w1": 0, "w3": 0, "output": 0, "tok_embeddings": 0, "wo": 1, "w2": 1}
+_FAIRSCALE_DIM = {
+    "wq": 0,
+    "wk": 0,
+    "wv": 0,
+    "w1": 0,
+    "w3": 0,
+    "output": 0,
+    "tok_embeddings": 0,
+    "wo": 1,
+    "w2": 1,
+}
 
 
 def _write_meta(model: ml.Transformer, folder, shards: int) -> None:
     folder.mkdir()
     a = model.args
-    params = {"dim": a.dim, "n_layers": a.n_layers, "n_heads": a.n_heads, "n_kv_heads": a.n_kv_heads,
-              "vocab_size": a.vocab_size, "multiple_of": a.multiple_of, "ffn_dim_multiplier": a.ffn_dim_multiplier,
-              "norm_eps": a.norm_eps, "rope_theta": a.rope_theta, "use_scaled_rope": a.use_scaled_rope,
-              "max_seq_len": a.max_seq_len}
+    params = {
+        "dim": a.dim,
+        "n_layers": a.n_layers,
+        "n_heads": a.n_heads,
+        "n_kv_heads": a.n_kv_heads,
+        "vocab_size": a.vocab_size,
+        "multiple_of": a.multiple_of,
+        "ffn_dim_multiplier": a.ffn_dim_multiplier,
+        "norm_eps": a.norm_eps,
+        "rope_theta": a.rope_theta,
+        "use_scaled_rope": a.use_scaled_rope,
+        "max_seq_len": a.max_seq_len,
+    }
     (folder / "params.json").write_text(json.dumps(params))
     state = model.state_dict()
     for s in range(shards):
@@ -155,22 +182,50 @@ def _load_each(mesh, folders, seed):
     return out
 
 
-def test_sharded_checkpoints_load_per_rank(tmp_path):
-    seed = 3
-    model = random_model(META_ARGS, seed=seed)
+def _both(mesh, configs, folders, seed):
+    return _compare(mesh, configs), _load_each(mesh, folders, seed)
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory):
+    """One spawn of two ranks runs every check (starting the processes is the slow part)."""
+    tmp_path = tmp_path_factory.mktemp("checkpoints")
+    model = random_model(META_ARGS, seed=SEED)
     folders = {}
     for shards in (1, 2, 4):
         folders[f"meta{shards}"] = tmp_path / f"meta{shards}"
         _write_meta(model, folders[f"meta{shards}"], shards)
     folders["hf"] = ml.save(model, tmp_path / "hf")
-    ranks = spawn(_load_each, WORLD, folders, seed, timeout=TIMEOUT)
+    return spawn(_both, WORLD, CONFIGS, folders, SEED, timeout=TIMEOUT)
+
+
+def test_parallel_model_matches_single_process(ranks):
+    assert [r["rank"] for r, _ in ranks] == [0, 1]
+    for r, _ in ranks:
+        for args, res in zip(CONFIGS, r["results"]):
+            # row-parallel sums add the same products in another order: float32 rounding, no more
+            for key, err in res["errors"].items():
+                assert err <= 1e-5 * max(1.0, res["scale"]), (args, key, err)
+            single, tp = res["greedy"]
+            assert single == tp and len(single[0]) == 6
+            # each rank's cache holds its own n_kv_heads / 2 heads
+            b, kv, s, hd = res["cache"][0]
+            assert res["cache"][1] == (b, args.n_kv_heads // WORLD, s, hd) and kv == args.n_kv_heads
+        assert "does not divide n_kv_heads=3" in r["degree_error"]
+
+
+def test_sharded_checkpoints_load_per_rank(ranks):
     q_rows = META_ARGS.n_heads * META_ARGS.head_dim // WORLD
-    for rank, got in enumerate(ranks):
+    for rank, (_, got) in enumerate(ranks):
         for label, res in got.items():
             assert res["error"] <= 1e-5, (label, res)
             assert res["wq_local"] == (q_rows, META_ARGS.dim)
         # degree == shards: rank r reads its own shard and nothing else
         assert got["meta2"]["files"] == [f"consolidated.{rank:02d}.pth"]
         # resharding: two source shards per rank from four, the one file from one
-        assert got["meta4"]["files"] == [f"consolidated.{2 * rank:02d}.pth", f"consolidated.{2 * rank + 1:02d}.pth"]
+        assert got["meta4"]["files"] == [
+            f"consolidated.{2 * rank:02d}.pth",
+            f"consolidated.{2 * rank + 1:02d}.pth",
+        ]
         assert got["meta1"]["files"] == ["consolidated.00.pth"]
+        assert got["hf"]["files"] == ["model.safetensors"]
