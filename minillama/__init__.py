@@ -7,7 +7,15 @@ p rotary pairs (hd / 2), v vocabulary.
 
 __version__ = "0.1.0"
 
-from .accounting import count_parameters, decode_step_bytes, flops_per_token, kv_cache_bytes, weight_bytes
+from .accounting import (
+    count_parameters,
+    decode_step_bytes,
+    flops_per_token,
+    kv_cache_bytes,
+    tensor_parallel_bytes,
+    tensor_parallel_traffic,
+    weight_bytes,
+)
 from .attention import Attention
 from .cards import card, card_tabs, tensor_card
 from .checkpoint import load, load_args, save

@@ -226,10 +226,125 @@ def init(degree: int | None = None, timeout: float = 600.0) -> DeviceMesh:
     return init_device_mesh("cuda" if cuda else "cpu", (world,))
 
 
-def main(argv: list[str] | None = None) -> int:
-    from .cli_tp import main as cli_main
+# -- what chapter 11 runs on each rank --------------------------------------------------------------
 
-    return cli_main(argv)
+
+def _median_ms(fn, repeats: int) -> float:
+    fn()  # warm-up: DTensor caches its sharding decisions on the first call
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return sorted(times)[len(times) // 2] * 1e3
+
+
+def demo(mesh: DeviceMesh, args: ModelArgs, seed: int = 0, new_tokens: int = 8, repeats: int = 20) -> dict:
+    """On each rank: a random model of `args` made parallel over `mesh`, against the same model whole.
+    Returns the rank's local shapes (block 0 and its cache), the largest logit differences (full
+    forward, prefill, cached decode), both greedy continuations, and the median times of one decode
+    step (whole and parallel) and of one all-reduce of `[1, 1, d]` float32 on this process group."""
+    from .generate import generate
+    from .model import random_model
+
+    single, model = random_model(args, seed=seed), parallelize(random_model(args, seed=seed), mesh)
+    tokens = torch.randint(0, args.vocab_size, (1, 8), generator=torch.Generator().manual_seed(seed))
+    out: dict = {"rank": mesh.get_local_rank()}
+    with torch.inference_mode():
+        errors = {}
+        for name, call in {
+            "full forward": lambda m: m(tokens),
+            "prefill": lambda m: m(tokens, start_pos=0),
+            "decode (int position)": lambda m: m(tokens[:, :1], start_pos=8),
+            "decode (tensor position)": lambda m: m(tokens[:, :1], start_pos=torch.tensor(9)),
+        }.items():
+            if name == "prefill":
+                single.setup_cache(1, 32)
+                model.setup_cache(1, 32)
+            errors[name] = (call(model) - call(single)).abs().max().item()
+        out["errors"] = errors
+        block = model.layers[0]
+        out["shapes"] = {
+            name: tuple(p.to_local().shape if hasattr(p, "to_local") else p.shape)
+            for name, p in block.named_parameters()
+        }
+        out["cache"] = tuple(block.attention.cache.k.shape)
+        out["greedy"] = [
+            generate(m, [tokens[0].tolist()], max_new_tokens=new_tokens)[0] for m in (single, model)
+        ]
+        pos = torch.tensor(20)
+        out["step_ms"] = {
+            "whole model, this process": _median_ms(lambda: single(tokens[:, :1], start_pos=pos), repeats),
+            "tensor-parallel": _median_ms(lambda: model(tokens[:, :1], start_pos=pos), repeats),
+        }
+    x = torch.ones(1, 1, args.dim)
+    out["all_reduce_ms"] = _median_ms(lambda: dist.all_reduce(x), 5 * repeats)
+    return out
+
+
+# -- the command line ---------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`torchrun --nproc-per-node N -m minillama.distributed generate --tp N (--checkpoint DIR | --model tiny)`
+    and `python -m minillama.distributed demo --nproc 2` (CPU ranks spawned here, gloo on 127.0.0.1)."""
+    import argparse
+
+    from .config import MODELS
+
+    parser = argparse.ArgumentParser(
+        prog="python -m minillama.distributed", description=__doc__.split("\n")[0]
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    gen = sub.add_parser(
+        "generate", help="under torchrun: load (per rank) or build a model, generate on rank 0"
+    )
+    gen.add_argument("--tp", type=int, required=True, help="tensor-parallel degree (= ranks torchrun starts)")
+    source = gen.add_mutually_exclusive_group(required=True)
+    source.add_argument("--checkpoint", help="Meta or Hugging Face checkpoint folder")
+    source.add_argument("--model", choices=list(MODELS), help="random weights of this shape")
+    gen.add_argument("--prompt", default="The capital of France is")
+    gen.add_argument("--max-new-tokens", type=int, default=32)
+    gen.add_argument("--dtype", default=None, help="float32, bfloat16, float16 (default: the checkpoint's)")
+    demo_cmd = sub.add_parser("demo", help="the chapter's check: N CPU ranks against one process")
+    demo_cmd.add_argument("--nproc", type=int, default=2)
+    demo_cmd.add_argument("--model", default="tiny", choices=list(MODELS))
+    opts = parser.parse_args(argv)
+    if opts.command == "demo":
+        for r in spawn(demo, opts.nproc, MODELS[opts.model].replace(n_layers=2), timeout=300):
+            print(r)
+        return 0
+    return _generate(opts)
+
+
+def _generate(opts) -> int:
+    from .generate import generate
+    from .model import random_model
+    from .tokenizer import Tokenizer
+
+    mesh = init(opts.tp)
+    try:
+        if opts.checkpoint:
+            from .checkpoint_parallel import load_parallel
+
+            model = load_parallel(opts.checkpoint, mesh, dtype=opts.dtype)
+        else:
+            from .config import MODELS
+
+            device = "cuda" if mesh.device_type == "cuda" else "cpu"
+            dtype = getattr(torch, opts.dtype) if opts.dtype else torch.float32
+            # the same seed on every rank: each keeps its own slices of the same weights
+            model = parallelize(random_model(MODELS[opts.model], device=device, dtype=dtype), mesh)
+        tok = Tokenizer.default()
+        started = time.perf_counter()
+        ids = generate(model, [opts.prompt], max_new_tokens=opts.max_new_tokens, tokenizer=tok)[0]
+        seconds = time.perf_counter() - started
+        if mesh.get_local_rank() == 0:
+            print(opts.prompt + tok.decode(ids))
+            print(f"{len(ids)} tokens in {seconds:.2f} s on {opts.tp} ranks", file=sys.stderr)
+    finally:
+        dist.destroy_process_group()
+    return 0
 
 
 if __name__ == "__main__":
