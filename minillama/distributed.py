@@ -24,7 +24,7 @@ rank's KV cache holds only its own heads (`Attention.local_kv_heads`). N must di
 
     mesh = torch.distributed.device_mesh.init_device_mesh("cuda", (N,))
     ml.parallelize(model, mesh)          # in place; ml.generate works unchanged
-    torchrun --nproc-per-node N -m minillama.distributed generate --checkpoint DIR --tp N
+    torchrun --nproc-per-node N -m minillama generate --checkpoint DIR --prompt "..." --tp N
 
 `spawn` runs a function on N local CPU ranks (gloo on 127.0.0.1, with timeouts): the tests and the
 chapter use it to check the parallel model against the single-process one.
@@ -121,7 +121,12 @@ def parallelize(model: nn.Module, mesh: DeviceMesh) -> nn.Module:
     check_degree(model.args, mesh.size())
     cache = model.cache_shape
     model.clear_cache()  # a cache sized for all KV heads is wrong on a rank: rebuilt below
+    tied = model.output.weight is model.tok_embeddings.weight
+    if tied:  # one v × d matrix (Llama 3.2 1B/3B): the plan cuts both uses along v, so cut it once
+        model.output.weight = nn.Parameter(model.output.weight.detach(), requires_grad=False)
     parallelize_module(model, mesh, tp_plan(model.args.n_layers))
+    if tied:
+        model.output.weight = model.tok_embeddings.weight  # the same Shard(0) DTensor serves both
     if cache is not None:
         model.setup_cache(*cache)
     return model
@@ -214,7 +219,7 @@ def init(degree: int | None = None, timeout: float = 600.0) -> DeviceMesh:
     if not world:
         raise ValueError(
             "no torchrun environment (WORLD_SIZE is unset): launch with "
-            "`torchrun --nproc-per-node N -m minillama.distributed generate ... --tp N`"
+            "`torchrun --nproc-per-node N -m minillama generate ... --tp N`"
         )
     if degree is not None and degree != world:
         raise ValueError(f"--tp {degree} must equal the number of ranks torchrun started ({world})")
@@ -286,64 +291,19 @@ def demo(mesh: DeviceMesh, args: ModelArgs, seed: int = 0, new_tokens: int = 8, 
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`torchrun --nproc-per-node N -m minillama.distributed generate --tp N (--checkpoint DIR | --model tiny)`
-    and `python -m minillama.distributed demo --nproc 2` (CPU ranks spawned here, gloo on 127.0.0.1)."""
+    """`python -m minillama.distributed [--nproc 2] [--model tiny]`: the chapter's check, N CPU ranks
+    (gloo on 127.0.0.1) against one process. Text generation on N ranks is `python -m minillama generate
+    --tp N`, launched by torchrun."""
     import argparse
 
     from .config import MODELS
 
-    parser = argparse.ArgumentParser(
-        prog="python -m minillama.distributed", description=__doc__.split("\n")[0]
-    )
-    sub = parser.add_subparsers(dest="command", required=True)
-    gen = sub.add_parser(
-        "generate", help="under torchrun: load (per rank) or build a model, generate on rank 0"
-    )
-    gen.add_argument("--tp", type=int, required=True, help="tensor-parallel degree (= ranks torchrun starts)")
-    source = gen.add_mutually_exclusive_group(required=True)
-    source.add_argument("--checkpoint", help="Meta or Hugging Face checkpoint folder")
-    source.add_argument("--model", choices=list(MODELS), help="random weights of this shape")
-    gen.add_argument("--prompt", default="The capital of France is")
-    gen.add_argument("--max-new-tokens", type=int, default=32)
-    gen.add_argument("--dtype", default=None, help="float32, bfloat16, float16 (default: the checkpoint's)")
-    demo_cmd = sub.add_parser("demo", help="the chapter's check: N CPU ranks against one process")
-    demo_cmd.add_argument("--nproc", type=int, default=2)
-    demo_cmd.add_argument("--model", default="tiny", choices=list(MODELS))
+    parser = argparse.ArgumentParser(prog="python -m minillama.distributed", description=main.__doc__)
+    parser.add_argument("--nproc", type=int, default=2)
+    parser.add_argument("--model", default="tiny", choices=list(MODELS))
     opts = parser.parse_args(argv)
-    if opts.command == "demo":
-        for r in spawn(demo, opts.nproc, MODELS[opts.model].replace(n_layers=2), timeout=300):
-            print(r)
-        return 0
-    return _generate(opts)
-
-
-def _generate(opts) -> int:
-    from .generate import generate
-    from .model import random_model
-    from .tokenizer import Tokenizer
-
-    mesh = init(opts.tp)
-    try:
-        if opts.checkpoint:
-            from .checkpoint_parallel import load_parallel
-
-            model = load_parallel(opts.checkpoint, mesh, dtype=opts.dtype)
-        else:
-            from .config import MODELS
-
-            device = "cuda" if mesh.device_type == "cuda" else "cpu"
-            dtype = getattr(torch, opts.dtype) if opts.dtype else torch.float32
-            # the same seed on every rank: each keeps its own slices of the same weights
-            model = parallelize(random_model(MODELS[opts.model], device=device, dtype=dtype), mesh)
-        tok = Tokenizer.default()
-        started = time.perf_counter()
-        ids = generate(model, [opts.prompt], max_new_tokens=opts.max_new_tokens, tokenizer=tok)[0]
-        seconds = time.perf_counter() - started
-        if mesh.get_local_rank() == 0:
-            print(opts.prompt + tok.decode(ids))
-            print(f"{len(ids)} tokens in {seconds:.2f} s on {opts.tp} ranks", file=sys.stderr)
-    finally:
-        dist.destroy_process_group()
+    for r in spawn(demo, opts.nproc, MODELS[opts.model].replace(n_layers=2), timeout=300):
+        print(r)
     return 0
 
 

@@ -77,6 +77,16 @@ def _compare(mesh, configs):
                 "scale": outs["single"]["full"].abs().max().item(),
             }
         )
+    # a tied head (Llama 3.2 1B/3B): one matrix embeds and scores, and stays one after the split
+    args = configs[0]
+    tokens = torch.randint(0, args.vocab_size, (1, 5), generator=torch.Generator().manual_seed(9))
+    pair = [random_model(args, seed=9), random_model(args, seed=9)]
+    for m in pair:
+        m.output.weight = m.tok_embeddings.weight
+    ml.parallelize(pair[1], mesh)
+    with torch.inference_mode():
+        tied_error = (pair[1](tokens) - pair[0](tokens)).abs().max().item()
+    still_tied = pair[1].output.weight is pair[1].tok_embeddings.weight
     try:  # n_kv_heads = 3 cannot be split over 2 ranks: every rank raises before any collective
         ml.parallelize(
             random_model(
@@ -89,7 +99,12 @@ def _compare(mesh, configs):
         error = None
     except ValueError as e:
         error = str(e)
-    return {"rank": mesh.get_local_rank(), "results": results, "degree_error": error}
+    return {
+        "rank": mesh.get_local_rank(),
+        "results": results,
+        "degree_error": error,
+        "tied": (tied_error, still_tied),
+    }
 
 
 def test_check_degree_names_the_limit():
@@ -178,7 +193,13 @@ def _load_each(mesh, folders, seed):
         wq = model.layers[0].attention.wq.weight.to_local()
         with torch.inference_mode():
             err = (model(tokens) - want).abs().max().item()
-        out[label] = {"error": err, "files": model.loaded_from, "wq_local": tuple(wq.shape)}
+        local = sum((p.to_local() if hasattr(p, "to_local") else p).numel() for p in model.parameters())
+        out[label] = {
+            "error": err,
+            "files": model.loaded_from,
+            "wq_local": tuple(wq.shape),
+            "bytes": 4 * local,
+        }
     return out
 
 
@@ -212,6 +233,7 @@ def test_parallel_model_matches_single_process(ranks):
             b, kv, s, hd = res["cache"][0]
             assert res["cache"][1] == (b, args.n_kv_heads // WORLD, s, hd) and kv == args.n_kv_heads
         assert "does not divide n_kv_heads=3" in r["degree_error"]
+        assert r["tied"][0] <= 1e-5 and r["tied"][1]
 
 
 def test_sharded_checkpoints_load_per_rank(ranks):
@@ -220,6 +242,8 @@ def test_sharded_checkpoints_load_per_rank(ranks):
         for label, res in got.items():
             assert res["error"] <= 1e-5, (label, res)
             assert res["wq_local"] == (q_rows, META_ARGS.dim)
+            # what the accounting says a rank holds is what it holds
+            assert res["bytes"] == ml.tensor_parallel_bytes(META_ARGS, WORLD, bytes_per_value=4).weights
         # degree == shards: rank r reads its own shard and nothing else
         assert got["meta2"]["files"] == [f"consolidated.{rank:02d}.pth"]
         # resharding: two source shards per rank from four, the one file from one
