@@ -84,7 +84,7 @@ def cmd_generate(ns) -> int:
         if not Path(ns.checkpoint).is_dir():
             raise UsageError(f"checkpoint directory not found: {ns.checkpoint}")
         if mesh is not None:  # each rank reads only its own slices
-            from .checkpoint_parallel import load_parallel
+            from .checkpoint.parallel import load_parallel
 
             model = load_parallel(ns.checkpoint, mesh, device=device, dtype=dtype, max_seq_len=ns.max_seq_len)
         else:

@@ -1,4 +1,4 @@
-"""Tensor parallelism (minillama.distributed, minillama.checkpoint_parallel) against the single process.
+"""Tensor parallelism (minillama.distributed, minillama.checkpoint.parallel) against the single process.
 
 Two CPU ranks on gloo, bound to 127.0.0.1 and spawned by the test (`distributed.spawn`). Every rank
 runs the same calls, so every collective is joined by both; the process group and `spawn` carry
@@ -181,15 +181,13 @@ def _write_meta(model: ml.Transformer, folder, shards: int) -> None:
 
 
 def _load_each(mesh, folders, seed):
-    from minillama.checkpoint_parallel import load_parallel
-
     reference = random_model(META_ARGS, seed=seed)
     tokens = torch.randint(0, META_ARGS.vocab_size, (1, 7), generator=torch.Generator().manual_seed(seed))
     with torch.inference_mode():
         want = reference(tokens)
     out = {}
     for label, folder in folders.items():
-        model = load_parallel(folder, mesh, dtype=torch.float32)
+        model = ml.load(folder, mesh=mesh, dtype=torch.float32)  # each rank reads its own slices
         wq = model.layers[0].attention.wq.weight.to_local()
         with torch.inference_mode():
             err = (model(tokens) - want).abs().max().item()

@@ -7,7 +7,7 @@ the whole model, which is the point for the 70B (141 GB in bf16) and the 405B.
 - Meta's layout: `consolidated.00.pth .. consolidated.{S-1}.pth` are fairscale model-parallel shards,
   cut along the same dims as `distributed.tp_plan` cuts (column-parallel and the vocabulary-parallel
   embedding along dim 0, row-parallel along dim 1, norms replicated: meta-llama/llama-models
-  `models/llama3/model.py`, see `minillama.checkpoint`). At degree N == S, rank r's slice of every
+  `models/llama3/model.py`, see `read_meta.py`). At degree N == S, rank r's slice of every
   tensor is exactly shard r, so rank r memory-maps `consolidated.r.pth` and no other file. At other
   degrees the loader reshards: rank r's rows [r·G/N, (r+1)·G/N) are copied from whichever source
   shards overlap them (memory-mapped, so only those pages are read).
@@ -24,20 +24,12 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from .checkpoint import (
-    _IGNORED,
-    HF_CONFIG,
-    _hf_files,
-    _meta_shards,
-    _read_json,
-    _resolve_dtype,
-    detect_layout,
-    hf_to_meta,
-    hf_unpermute,
-    load_args,
-)
-from .distributed import check_degree, local_range, parallelize, shard_dim
-from .model import Transformer
+from ..distributed import check_degree, local_range, parallelize, shard_dim
+from ..model import Transformer
+from .configs import load_args
+from .layout import HF_CONFIG, detect_layout, hf_files, meta_shards, read_json
+from .load import _resolve_dtype
+from .names import IGNORED, hf_to_meta, hf_unpermute
 
 
 class _MetaShards:
@@ -45,7 +37,7 @@ class _MetaShards:
     when a slice needs it. `opened` lists the files this rank touched."""
 
     def __init__(self, root: Path):
-        self.paths = _meta_shards(root)
+        self.paths = meta_shards(root)
         names = [p.name for p in self.paths]
         if names != [f"consolidated.{i:02d}.pth" for i in range(len(self.paths))]:
             raise ValueError(
@@ -95,7 +87,7 @@ class _MetaShards:
         shard = self._shard(rank * n_src // degree)
         shapes = {}
         for name, t in shard.items():
-            if _IGNORED.search(name):
+            if IGNORED.search(name):
                 continue
             shape, dim = list(t.shape), shard_dim(name)
             if dim is not None:
@@ -114,13 +106,13 @@ class _HFSlices:
     def __init__(self, root: Path, args):
         self.args = args
         self.where: dict[str, tuple[Path, str]] = {}
-        for file in _hf_files(root):
+        for file in hf_files(root):
             with safe_open(file, framework="pt") as f:
                 for hf_name in f.keys():  # noqa: SIM118 (safe_open is not iterable)
-                    name = None if _IGNORED.search(hf_name) else hf_to_meta(hf_name)
+                    name = None if IGNORED.search(hf_name) else hf_to_meta(hf_name)
                     if name is not None:
                         self.where[name] = (file, hf_name)
-        self.tied = bool(_read_json(root / HF_CONFIG).get("tie_word_embeddings", False))
+        self.tied = bool(read_json(root / HF_CONFIG).get("tie_word_embeddings", False))
         if self.tied:
             self.where["output.weight"] = self.where["tok_embeddings.weight"]
         self.opened = sorted({f.name for f, _ in self.where.values()})
