@@ -14,7 +14,8 @@
   hf-compile               static cache + transformers' own torch.compile (reduce-overhead on a GPU)
   tp                       static on a copy of the model split over every rank torchrun started
                            (`ml.parallelize`, chapter 11): `torchrun --nproc-per-node N -m minillama bench
-                           --variants static,tp`; every rank measures, rank 0 reports
+                           --variants static,tp`; every rank measures, rank 0 reports. The copy needs the
+                           model to fit one device twice: a comparison on the same weights, not a 70B loader
 
 A variant is a `Variant(impl, make)`: `make(model, hf, device)` returns a runner once per benchmark run,
 and `runner.run(tokens, rows, new_tokens, warm)` generates `new_tokens` per row and returns `Timed`
