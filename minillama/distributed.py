@@ -81,7 +81,7 @@ def tp_plan(n_layers: int) -> dict[str, ParallelStyle]:
 def shard_dim(name: str) -> int | None:
     """The weight dim that `tp_plan` cuts for parameter `name` (None: replicated). Column-parallel
     weights `[out, in]` and the embedding `[v, d]` are cut along dim 0, row-parallel ones along dim 1;
-    these are the dims along which Meta's fairscale shards are cut too (`minillama.checkpoint`)."""
+    these are the dims along which Meta's fairscale shards are cut too (`checkpoint/read_meta.py`)."""
     module = name.removesuffix(".weight")
     if module in ("tok_embeddings", "output") or module.endswith(COLUMN):
         return 0
@@ -115,7 +115,7 @@ def parallelize(model: nn.Module, mesh: DeviceMesh) -> nn.Module:
 
     Every rank must call it with the same model (same weights: each keeps only its slices) and then
     run the same calls on it, since each forward runs collectives that every rank joins. Weights
-    already on the meta device stay there (load them afterwards, as `minillama.checkpoint` does)."""
+    already on the meta device stay there (load them afterwards, as `ml.load(path, mesh=mesh)` does)."""
     if mesh.ndim != 1:
         raise ValueError(f"parallelize takes a 1-D DeviceMesh (tensor parallelism only); got {mesh.ndim}-D")
     check_degree(model.args, mesh.size())
