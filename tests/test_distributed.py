@@ -17,7 +17,7 @@ from minillama.distributed import check_degree, local_range, spawn
 from minillama.model import random_model
 
 WORLD = 2
-TIMEOUT = 120  # seconds for a whole spawn; a healthy run needs a few
+TIMEOUT = 240  # seconds for the whole spawn (a hang fails here); a healthy run takes ~15-60 s
 
 
 def _random_configs(n: int, seed: int = 0) -> list[ml.ModelArgs]:
@@ -105,6 +105,17 @@ def _compare(mesh, configs):
         "degree_error": error,
         "tied": (tied_error, still_tied),
     }
+
+
+def _rank_zero_alone(mesh):
+    if mesh.get_local_rank() == 0:  # a collective that rank 1 never joins: a bug that would hang
+        torch.distributed.all_reduce(torch.ones(1))
+    return "done"
+
+
+def test_a_collective_not_every_rank_joins_fails_instead_of_hanging():
+    with pytest.raises((RuntimeError, TimeoutError)):
+        spawn(_rank_zero_alone, WORLD, timeout=15)
 
 
 def test_check_degree_names_the_limit():
