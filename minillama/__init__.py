@@ -7,7 +7,15 @@ p rotary pairs (hd / 2), v vocabulary.
 
 __version__ = "0.1.0"
 
-from .accounting import count_parameters, decode_step_bytes, flops_per_token, kv_cache_bytes, weight_bytes
+from .accounting import (
+    count_parameters,
+    decode_step_bytes,
+    flops_per_token,
+    kv_cache_bytes,
+    tensor_parallel_bytes,
+    tensor_parallel_traffic,
+    weight_bytes,
+)
 from .attention import Attention
 from .cards import card, card_tabs, tensor_card
 from .checkpoint import load, load_args, save
@@ -19,3 +27,13 @@ from .model import Transformer, TransformerBlock
 from .norm import RMSNorm
 from .rope import RotaryEmbedding, apply_rotary, inv_freq
 from .tokenizer import Tokenizer
+
+
+def __getattr__(name: str):
+    # the tensor-parallel entry point (chapter 11) imports torch.distributed's DTensor machinery, about
+    # a second: only when it is first used, not on every `import minillama`
+    if name == "parallelize":
+        from .distributed import parallelize
+
+        return parallelize
+    raise AttributeError(f"module 'minillama' has no attribute {name!r}")

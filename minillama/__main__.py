@@ -3,6 +3,7 @@
     python -m minillama generate --checkpoint DIR --prompt "The capital of France is"
     python -m minillama generate --checkpoint DIR --chat --prompt "Write a haiku about llamas"
     python -m minillama generate --model tiny --prompt hi          # random weights, no checkpoint
+    torchrun --nproc-per-node 2 -m minillama generate --checkpoint DIR --prompt hi --tp 2   # tensor-parallel
     python -m minillama count llama-3.1-8b                         # the parameter accounting table
     python -m minillama card attention --model llama-3.1-8b --mode decode --positions 1000
     python -m minillama bench                                      # decode/prefill throughput
@@ -69,24 +70,42 @@ def cmd_generate(ns) -> int:
         )
     device = _device(ns.device)
     dtype = _dtype(ns.dtype)
+    mesh = _tp_mesh(ns.tp) if ns.tp is not None else None
+    if mesh is not None:  # one device per rank: cuda:LOCAL_RANK (set by init), or the CPU
+        device = (
+            torch.device("cuda", torch.cuda.current_device())
+            if mesh.device_type == "cuda"
+            else torch.device("cpu")
+        )
+    # under torchrun every rank runs this; only rank 0 prints
+    echo = print if mesh is None or mesh.get_local_rank() == 0 else (lambda *a, **k: None)
     started = time.perf_counter()
     if ns.checkpoint is not None:
         if not Path(ns.checkpoint).is_dir():
             raise UsageError(f"checkpoint directory not found: {ns.checkpoint}")
-        model = load(
-            ns.checkpoint, device=device, dtype=dtype, progress=not ns.quiet, max_seq_len=ns.max_seq_len
-        )
+        if mesh is not None:  # each rank reads only its own slices
+            from .checkpoint.parallel import load_parallel
+
+            model = load_parallel(ns.checkpoint, mesh, device=device, dtype=dtype, max_seq_len=ns.max_seq_len)
+        else:
+            model = load(
+                ns.checkpoint, device=device, dtype=dtype, progress=not ns.quiet, max_seq_len=ns.max_seq_len
+            )
         tokenizer = Tokenizer.default(checkpoint=ns.checkpoint)
     else:
         args = _model_args(ns.model)
         if ns.max_seq_len is not None:
             args = args.replace(max_seq_len=ns.max_seq_len)
         dtype = dtype or (torch.float32 if device.type == "cpu" else torch.bfloat16)
-        print(
+        echo(
             f"{args.name}: random weights (seed {ns.seed}), not a trained model: expect gibberish",
             file=sys.stderr,
         )
-        model = random_model(args, device, dtype, ns.seed)
+        model = random_model(args, device, dtype, ns.seed)  # the same seed on every rank
+        if mesh is not None:
+            from .distributed import parallelize
+
+            parallelize(model, mesh)
         tokenizer = Tokenizer.default()
     if model.args.vocab_size < tokenizer.n_words:
         raise UsageError(
@@ -117,8 +136,8 @@ def cmd_generate(ns) -> int:
         last = time.perf_counter()
         first = first or last
         count += 1
-        print(decoder.push(token), end="", flush=True)
-    print(decoder.flush())
+        echo(decoder.push(token), end="", flush=True)
+    echo(decoder.flush())
     report = [
         f"loaded in {loaded - started:.1f} s on {device} ({model.output.weight.dtype})".replace("torch.", "")
     ]
@@ -126,8 +145,21 @@ def cmd_generate(ns) -> int:
         report.append(f"prefill {len(ids)} tokens in {(first - start) * 1e3:.0f} ms")
     if count > 1:
         report.append(f"decode {count - 1} tokens at {(count - 1) / (last - first):.1f} tok/s")
-    print("; ".join(report), file=sys.stderr)
+    if mesh is not None:
+        report.append(f"tensor-parallel over {mesh.size()} ranks")
+        torch.distributed.destroy_process_group()
+    echo("; ".join(report), file=sys.stderr)
     return 0
+
+
+def _tp_mesh(degree: int):
+    """The tensor-parallel mesh under torchrun (`minillama.distributed.init`); bad launches are usage errors."""
+    from .distributed import init
+
+    try:
+        return init(degree)
+    except ValueError as error:
+        raise UsageError(str(error)) from None
 
 
 def cmd_count(ns) -> int:
@@ -235,6 +267,13 @@ def parser() -> argparse.ArgumentParser:
         help="cap the context (rotary tables, largest cache); default: the config's",
     )
     g.add_argument("--quiet", action="store_true", help="no progress bar while loading")
+    g.add_argument(
+        "--tp",
+        type=int,
+        default=None,
+        metavar="N",
+        help="tensor-parallel over N ranks; launch with `torchrun --nproc-per-node N -m minillama generate ... --tp N`",
+    )
     g.set_defaults(run=cmd_generate)
 
     c = sub.add_parser(

@@ -97,3 +97,41 @@ def flops_per_token(args: ModelArgs, context: int) -> int:
     matmul = args.n_layers * (c.attention + c.feed_forward) + c.output
     attention = args.n_layers * 2 * 2 * args.n_heads * args.head_dim * context
     return 2 * matmul + attention
+
+
+@dataclass(frozen=True)
+class RankBytes:
+    """What one of `degree` tensor-parallel ranks holds (chapter 11)."""
+
+    weights: int  # its slices of every matrix + the replicated norm gains
+    kv_cache: int  # its n_kv_heads / degree heads of every layer's cache
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.kv_cache
+
+
+def tensor_parallel_bytes(
+    args: ModelArgs, degree: int, positions: int = 0, batch: int = 1, bytes_per_value: float = 2
+) -> RankBytes:
+    """Memory per rank when `degree` ranks split `args` Megatron-style (`minillama.distributed`): every
+    matrix (embedding and head along the vocabulary) is cut `degree` ways, the norm gains are
+    replicated, and each rank caches only its n_kv_heads / degree KV heads, `positions` per sequence."""
+    if degree < 1 or args.n_kv_heads % degree:
+        raise ValueError(f"degree {degree} must divide n_kv_heads={args.n_kv_heads}")
+    c = count_parameters(args)
+    replicated = args.n_layers * c.norms + c.final_norm
+    sharded = c.total - replicated  # each matrix splits evenly for the Llama 3.1 sizes at degrees 1, 2, 4, 8
+    weights = int((-(-sharded // degree) + replicated) * bytes_per_value)
+    return RankBytes(weights, kv_cache_bytes(args, positions, batch, bytes_per_value) // degree)
+
+
+def tensor_parallel_traffic(args: ModelArgs, degree: int, batch: int = 1, bytes_per_value: float = 2) -> int:
+    """Bytes each rank sends per decode step (one new position per sequence) under `degree`-way tensor
+    parallelism with ring collectives: two all-reduces of `[b, 1, d]` per block and one after the
+    embedding, each sending 2(N - 1)/N of the tensor, and the all-gather of the `[b, 1, v]` logits,
+    (N - 1)/N of it."""
+    n = degree
+    activations = batch * args.dim * bytes_per_value
+    all_reduces = (2 * args.n_layers + 1) * 2 * (n - 1) / n * activations
+    return int(all_reduces + (n - 1) / n * batch * args.vocab_size * bytes_per_value)

@@ -9,6 +9,7 @@ and nothing is repeated in memory. Scores are q·k / sqrt(hd), masked, softmaxed
 
 Shapes: x `[b, t, d]`; queries and keys rotated together as `[b, t, h + kv, hd]`; q `[b, kv, (g t), hd]`;
 k, v `[b, kv, s, hd]`, s = keys read; mask `[b or 1, 1, (g t) or 1, s]`, True where a query may read a key.
+Under tensor parallelism h and kv are a rank's local counts (h / N, kv / N; `minillama.distributed`).
 """
 
 import torch
@@ -31,15 +32,26 @@ class Attention(nn.Module):
         self.wo = nn.Linear(args.n_heads * args.head_dim, args.dim, bias=False)
         self.cache: KVCache | None = None
 
+    @property
+    def local_kv_heads(self) -> int:
+        """KV heads this module holds: all n_kv_heads on one device, n_kv_heads / N on each of N
+        tensor-parallel ranks (there wk's weight is a DTensor whose local part holds the rank's rows)."""
+        w = self.wk.weight
+        return (w.to_local() if hasattr(w, "to_local") else w).shape[0] // self.head_dim
+
     def forward(self, x, cos, sin, mask, positions=None, end=None):
         """`positions` `[b or 1, t]`: write the new keys and values into the cache at these rows and
         attend over the cache (its first `end` rows when given); None: attend over x alone."""
-        kv, g, hd = self.n_kv_heads, self.n_rep, self.head_dim
+        g, hd = self.n_rep, self.head_dim
+        q, k = self.wq(x), self.wk(x)
+        # head counts come from the projections' widths, not the config: under tensor parallelism
+        # (chapter 11) a rank's wq and wk hold only its own h / N and kv / N heads; g stays the same
+        h_local, kv = q.shape[-1] // hd, k.shape[-1] // hd
         # queries and keys turn by the same angles: rotate all h + kv of their heads in one call
-        qk = rearrange(torch.cat((self.wq(x), self.wk(x)), dim=-1), "b t (heads hd) -> b t heads hd", hd=hd)
+        qk = rearrange(torch.cat((q, k), dim=-1), "b t (heads hd) -> b t heads hd", hd=hd)
         qk = apply_rotary(qk, cos[:, :, None], sin[:, :, None])
-        q = rearrange(qk[:, :, : kv * g], "b t (kv g) hd -> b kv (g t) hd", kv=kv)
-        k = rearrange(qk[:, :, kv * g :], "b t kv hd -> b kv t hd")
+        q = rearrange(qk[:, :, :h_local], "b t (kv g) hd -> b kv (g t) hd", kv=kv, g=g)
+        k = rearrange(qk[:, :, h_local:], "b t kv hd -> b kv t hd")
         v = rearrange(self.wv(x), "b t (kv hd) -> b kv t hd", kv=kv)
         if positions is not None:
             k, v = self.cache.update(positions, k, v)

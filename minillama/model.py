@@ -69,7 +69,7 @@ class Transformer(nn.Module):
             layer.attention.cache = KVCache(
                 batch_size,
                 max_seq_len,
-                self.args.n_kv_heads,
+                layer.attention.local_kv_heads,  # a rank caches only its own heads under TP
                 self.args.head_dim,
                 device=w.device,
                 dtype=w.dtype,

@@ -382,6 +382,53 @@ _ENTRIES = [
     ),
 ]
 
+# tensor parallelism (chapter 11): Meta's model-parallel layers, and the three references the chapter follows;
+# line numbers counted in the pinned files (the repositories are not installed packages)
+TP_TUTORIAL = ("pytorch/tutorials", "8f3d9eef6973751e92acf14d9f55099357cd0068")
+TORCHTITAN = ("pytorch/torchtitan", "81c1243395b46ce693a0681cfe1bb20e9b9433fb")
+GPT_FAST = ("pytorch-labs/gpt-fast", "9ac48bc50e2e35a390c309f315ba2c767b6e582d")
+_ENTRIES += [
+    _models(
+        "ref-model-parallel",
+        "Meta's reference builds wq, wk, wv (and w1, w3, the output head) as fairscale ColumnParallelLinear "
+        "without gathering their output, wo and w2 as RowParallelLinear on parallel input, and the token "
+        "embedding as VocabParallelEmbedding: the split its multi-shard checkpoints are cut along.",
+        "models/llama3/model.py",
+        ((118, 145), (220, 222), (264, 264), (271, 271)),
+    ),
+    Source(
+        "tp-tutorial",
+        "PyTorch's tensor-parallel tutorial: a plan of ColwiseParallel wq/wk/wv/w1/w3 and RowwiseParallel "
+        "wo/w2 per block, the head count adjusted to the local count, parallelize_module applied per block, "
+        "and a row-wise embedding with a column-wise output head replicated at the end.",
+        *TP_TUTORIAL,
+        "intermediate_source/TP_tutorial.rst",
+        ((125, 140), (143, 164), (166, 182)),
+        "direct",
+    ),
+    Source(
+        "torchtitan-tp",
+        "torchtitan applies tensor parallelism to Llama as a plan of data: RowwiseParallel embedding and "
+        "ColwiseParallel head on the model, ColwiseParallel wq/wk/wv/w1/w3 and RowwiseParallel wo/w2 in "
+        "each block (with sequence parallelism on the norms, which inference does not need).",
+        *TORCHTITAN,
+        "torchtitan/models/llama3/infra/parallelize.py",
+        ((123, 150), (178, 203)),
+        "direct",
+    ),
+    Source(
+        "gpt-fast-tp",
+        "gpt-fast cuts the same split by hand: column-wise rows (dim 0) or row-wise columns (dim 1) of each "
+        "weight per rank, w1/w3 column-wise and w2 row-wise with an all-reduce after the feed-forward, the "
+        "fused wqkv column-wise and wo row-wise with an all-reduce after attention, local head counts set "
+        "by dividing by the world size.",
+        *GPT_FAST,
+        "tp.py",
+        ((48, 98), (104, 150)),
+        "direct",
+    ),
+]
+
 SOURCES: dict[str, Source] = {s.key: s for s in _ENTRIES}
 
 

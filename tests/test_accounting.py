@@ -55,3 +55,23 @@ def test_flops_per_token():
     matmul_weights = PUBLISHED["llama-3.1-8b"] - 128_256 * 4096 - (2 * 32 + 1) * 4096
     assert ml.flops_per_token(args, context=0) == 2 * matmul_weights
     assert ml.flops_per_token(args, 1000) - ml.flops_per_token(args, 0) == 32 * 4 * 32 * 128 * 1000
+
+
+def test_tensor_parallel_bytes_split_matrices_and_cache_only():
+    a = ml.MODELS["llama-3.1-70b"]
+    one = ml.tensor_parallel_bytes(a, 1, positions=4096, batch=2)
+    assert one.weights == ml.weight_bytes(a, 2) and one.kv_cache == ml.kv_cache_bytes(a, 4096, 2, 2)
+    norms = (2 * a.n_layers + 1) * a.dim  # the gains every rank holds whole
+    for n in (2, 4, 8):
+        r = ml.tensor_parallel_bytes(a, n, positions=4096, batch=2)
+        assert n * r.weights == ml.weight_bytes(a, 2) + (n - 1) * norms * 2
+        assert n * r.kv_cache == one.kv_cache and r.total == r.weights + r.kv_cache
+    with pytest.raises(ValueError, match="degree 3 must divide n_kv_heads=8"):
+        ml.tensor_parallel_bytes(a, 3)
+
+
+def test_tensor_parallel_traffic_is_two_all_reduces_per_block():
+    a = ml.MODELS["llama-3.1-8b"]
+    assert ml.tensor_parallel_traffic(a, 1) == 0  # one rank sends nothing
+    # N = 2, batch 3: each all-reduce sends half of it twice (2 (N-1)/N = 1), the gather half the logits
+    assert ml.tensor_parallel_traffic(a, 2, batch=3) == (2 * 32 + 1) * 3 * 4096 * 2 + 3 * 128_256 * 2 // 2

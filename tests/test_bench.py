@@ -204,3 +204,15 @@ def test_benchmark_scripts_parse_and_name_real_variants(script):
     names = {v for group in named for v in group.split(",") if v}
     assert names, f"no variants found in {script}"
     assert bench.variants.variant_list(sorted(names))  # raises on an unknown variant name
+
+
+def test_tp_variant_outside_torchrun_says_how_to_launch():
+    from minillama.bench.variants import tensor_parallel
+
+    model = ml.Transformer(
+        ml.ModelArgs(dim=32, n_layers=1, n_heads=4, n_kv_heads=2, vocab_size=64, max_seq_len=16)
+    )
+    with pytest.raises(
+        ValueError, match="torchrun --nproc-per-node N -m minillama bench --variants static,tp"
+    ):
+        tensor_parallel(model, torch.device("cpu"))

@@ -157,3 +157,10 @@ def test_delegated_commands(command, module, capsys):
         main([command, "--help"])
     assert exit_.value.code == 0
     assert f"usage: python -m minillama {command}" in capsys.readouterr().out
+
+
+def test_generate_tp_outside_torchrun_names_the_launch(capsys, monkeypatch):
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    assert main(["generate", "--model", "tiny", "--prompt", "hi", "--tp", "2"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "torchrun --nproc-per-node N -m minillama generate" in err

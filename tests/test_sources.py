@@ -68,6 +68,11 @@ EXPECTED = {
         "original_max_position_embeddings",
     ],
     "hf-attention": ["def repeat_kv", "transpose(1, 2)", "cache.update"],
+    "ref-model-parallel": [
+        "self.wq = ColumnParallelLinear",
+        "self.wo = RowParallelLinear",
+        "VocabParallelEmbedding",
+    ],
 }
 
 # the spans the seed documents show for their claims (shared/seeds/), typed from the seeds

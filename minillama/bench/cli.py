@@ -7,6 +7,7 @@ Not here: anything it calls (`runner.py`, `report.py`, `results.py`).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 import torch
@@ -65,6 +66,16 @@ def main(argv: list[str] | None = None) -> int:
             f"--device {ns.device} requested but CUDA is not available (torch {torch.__version__})"
         )
     threads = ns.threads or cores()
+    report = True
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # under torchrun (the tp variant): rank 0 reports
+        from ..distributed import init
+
+        mesh = init()
+        report = mesh.get_local_rank() == 0
+        if device.type == "cuda":
+            device = torch.device("cuda", torch.cuda.current_device())
+        threads = ns.threads or max(1, cores() // mesh.size())  # the ranks share the cores
+        ns.quiet, ns.no_save = ns.quiet or not report, ns.no_save or not report
     torch.set_num_threads(threads)
     log = None if ns.quiet else (lambda line: print(line, file=sys.stderr, flush=True))
     results = run(
@@ -82,7 +93,8 @@ def main(argv: list[str] | None = None) -> int:
         log=log,
         on_batch=None if ns.no_save else (lambda partial: save_results(partial, ns.json)),
     )
-    print(table(results))
+    if report:
+        print(table(results))
     if not ns.no_save:
         print(f"results: {save_results(results, ns.json)}")
     return 0

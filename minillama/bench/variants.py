@@ -12,6 +12,10 @@
   hf                       `LlamaForCausalLM.generate`, its default (dynamic) cache
   hf-static                `generate(cache_implementation="static")`, compilation disabled
   hf-compile               static cache + transformers' own torch.compile (reduce-overhead on a GPU)
+  tp                       static on a copy of the model split over every rank torchrun started
+                           (`ml.parallelize`, chapter 11): `torchrun --nproc-per-node N -m minillama bench
+                           --variants static,tp`; every rank measures, rank 0 reports. The copy needs the
+                           model to fit one device twice: a comparison on the same weights, not a 70B loader
 
 A variant is a `Variant(impl, make)`: `make(model, hf, device)` returns a runner once per benchmark run,
 and `runner.run(tokens, rows, new_tokens, warm)` generates `new_tokens` per row and returns `Timed`
@@ -164,6 +168,24 @@ class HFGenerate:
         return Timed(prefill_s, decode_s, prefill_s + decode_s, out[:, tokens.shape[1] :])
 
 
+def tensor_parallel(model, device: torch.device) -> Loop:
+    """The `static` loop on a copy of `model` made tensor-parallel over all ranks of the process group."""
+    import copy
+
+    import torch.distributed as dist
+
+    if not dist.is_initialized() or dist.get_world_size() < 2:
+        raise ValueError(
+            "the tp variant needs several ranks: torchrun --nproc-per-node N -m minillama bench --variants static,tp"
+        )
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from ..distributed import parallelize
+
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    return Loop(parallelize(copy.deepcopy(model), mesh), device)
+
+
 class Variant(NamedTuple):
     impl: str  # "minillama" or "hf": which side of the comparison
     make: Callable  # (model, hf peer or None, device) -> a runner with .run(...) and .compiled
@@ -184,6 +206,7 @@ TABLE: dict[str, Variant] = {
     "hf": Variant("hf", lambda m, hf, d: HFGenerate(hf, d)),
     "hf-static": Variant("hf", lambda m, hf, d: HFGenerate(hf, d, cache="static")),
     "hf-compile": Variant("hf", lambda m, hf, d: HFGenerate(hf, d, cache="compile")),
+    "tp": Variant("minillama", lambda m, hf, d: tensor_parallel(m, d)),
 }
 VARIANTS = tuple(TABLE)
 ALIASES = {"compile-default": "compile"}

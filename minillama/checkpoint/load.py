@@ -49,12 +49,20 @@ def load(
     dtype: torch.dtype | str | None = None,
     progress: bool = True,
     max_seq_len: int | None = None,
+    mesh=None,
 ) -> Transformer:
     """A `Transformer` with the weights of the checkpoint at `path` (layout detected, see the module docstring).
 
     `dtype` None keeps the checkpoint's dtype (bfloat16 for Meta's and Hugging Face's releases).
     `max_seq_len` caps the context (the rotary tables, the largest cache `setup_cache` accepts); None
-    keeps the config's (131,072 for Llama 3.1)."""
+    keeps the config's (131,072 for Llama 3.1). `mesh`: a 1-D `DeviceMesh` to load tensor-parallel
+    (chapter 11), each rank reading only its own slices (`parallel.py`); call it on every rank. On a
+    CUDA mesh the default device is the rank's GPU."""
+    if mesh is not None:
+        from .parallel import load_parallel
+
+        explicit = torch.device(device).type == mesh.device_type
+        return load_parallel(path, mesh, device if explicit else None, dtype, max_seq_len)
     dtype = _resolve_dtype(dtype)
     device = torch.device(device)
     layout, root = detect_layout(path)
