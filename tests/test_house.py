@@ -295,6 +295,8 @@ def test_code_lines_fit_the_page(notebook):
         if len(ln) > MAX_CODE_LINE
     ]
     assert not long, f"{notebook.name}: code lines over {MAX_CODE_LINE} characters: " + "; ".join(long)
+
+
 def _markdown_texts(notebook: Path):
     """The Markdown a notebook page renders: its markdown cells and its code cells' Markdown outputs."""
     for cell in json.loads(notebook.read_text())["cells"]:
