@@ -10,6 +10,7 @@ __version__ = "0.1.0"
 from .accounting import count_parameters, decode_step_bytes, flops_per_token, kv_cache_bytes, weight_bytes
 from .attention import Attention
 from .cards import card, card_tabs, tensor_card
+from . import notebook
 from .checkpoint import load, load_args, save
 from .config import MODELS, ModelArgs
 from .ffn import FeedForward

@@ -25,7 +25,7 @@ class ParameterCount:
     feed_forward: int  # per block: w1, w2, w3
     norms: int  # per block: attention_norm and ffn_norm gains
     final_norm: int
-    output: int  # untied head: v × d
+    output: int  # untied head: v × d (0 when tied to the embedding: counted once, there)
 
     @property
     def per_block(self) -> int:
@@ -53,7 +53,7 @@ class ParameterCount:
             ("Gate w1 and up w3", f"2 × {_n(a.dim)} × {_n(f)} × {L}", L * 2 * a.dim * f),
             ("Down w2", f"{_n(f)} × {_n(a.dim)} × {L}", L * f * a.dim),
             ("RMSNorm gains", f"2 × {_n(a.dim)} × {L} + {_n(a.dim)}", L * self.norms + self.final_norm),
-            ("Output head", f"{_n(a.dim)} × {_n(a.vocab_size)}", self.output),
+            ("Output head", "tied: the embedding" if a.tie_embeddings else f"{_n(a.dim)} × {_n(a.vocab_size)}", self.output),
             ("Total", "", self.total),
         ]
 
@@ -67,7 +67,7 @@ def count_parameters(args: ModelArgs) -> ParameterCount:
         feed_forward=3 * args.dim * args.ffn_hidden_dim,
         norms=2 * args.dim,
         final_norm=args.dim,
-        output=args.dim * args.vocab_size,
+        output=0 if args.tie_embeddings else args.dim * args.vocab_size,
     )
 
 

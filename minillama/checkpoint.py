@@ -151,6 +151,18 @@ def _catalogue_name(args: ModelArgs, default: str) -> str:
     return default
 
 
+def _from_catalogue(args: ModelArgs) -> ModelArgs:
+    """Meta's params.json names neither the RoPE scale factor nor a tied head: a shape of the catalogue
+    (Llama 3.2 1B/3B: factor 32, tied) takes both from there; any other shape keeps factor 8, untied."""
+    for known in MODELS.values():
+        fields = {"name": args.name, "rope_scale_factor": args.rope_scale_factor, "tie_embeddings": False}
+        if known.replace(**fields) == args.replace(tie_embeddings=False):
+            return args.replace(
+                name=known.name, rope_scale_factor=known.rope_scale_factor, tie_embeddings=known.tie_embeddings
+            )
+    return args.replace(name="custom")
+
+
 def args_from_hf_config(config: dict, source: str = HF_CONFIG) -> ModelArgs:
     """ModelArgs from a Hugging Face Llama `config.json` (transformers 4.x or 5.x keys)."""
 
@@ -205,6 +217,7 @@ def args_from_hf_config(config: dict, source: str = HF_CONFIG) -> ModelArgs:
         use_scaled_rope=rope_type == "llama3",
         max_seq_len=int(config.get("max_position_embeddings", 131_072)),
         hidden_dim=need("intermediate_size"),
+        tie_embeddings=bool(config.get("tie_word_embeddings", False)),  # transformers' default: untied
         **scaled,
     )
     rules = [
@@ -241,12 +254,13 @@ def args_from_meta_params(params: dict, source: str = META_PARAMS) -> ModelArgs:
     fields.setdefault("multiple_of", 256)  # Meta's ModelArgs default
     # Llama 3.1 (scaled RoPE) reads 128K positions; Llama 3 was trained at 8K
     fields.setdefault("max_seq_len", 131_072 if fields["use_scaled_rope"] else 8192)
-    args = ModelArgs(**fields)
-    return args.replace(name=_catalogue_name(args, "custom"))
+    return _from_catalogue(ModelArgs(**fields))
 
 
-def hf_config(args: ModelArgs, dtype: torch.dtype = torch.bfloat16, tied: bool = False) -> dict:
-    """A transformers 4.x-style `config.json` (the published Llama 3.1 layout) for `args`."""
+def hf_config(args: ModelArgs, dtype: torch.dtype = torch.bfloat16, tied: bool | None = None) -> dict:
+    """A transformers 4.x-style `config.json` (the published Llama 3.1 layout) for `args`; `tied` None:
+    `args.tie_embeddings`."""
+    tied = args.tie_embeddings if tied is None else tied
     rope_scaling = None
     if args.use_scaled_rope:
         rope_scaling = {
@@ -466,7 +480,7 @@ def _shard_dim(name: str, pieces: list[tuple], full: tuple) -> int | None:
     return None
 
 
-def _load_meta(root: Path, args: ModelArgs, expected: dict, device, dtype, progress) -> dict:
+def _load_meta(root: Path, args: ModelArgs, expected: dict, device, dtype, progress, tied=False) -> dict:
     config = str(root / META_PARAMS)
     paths = _meta_shards(root)
     names = [p.name for p in paths]
@@ -501,7 +515,7 @@ def _load_meta(root: Path, args: ModelArgs, expected: dict, device, dtype, progr
                 shape = list(pieces[0])
                 shape[dim] = sum(p[dim] for p in pieces)
         found[name] = (tuple(shape), first[name].dtype, where)
-    _check(found, expected, args, config, hf=False, tied=False)
+    _check(found, expected, args, config, hf=False, tied=tied)
     dtype = dtype or found["tok_embeddings.weight"][1]
     if len(shards) == 1:  # views of the mapped file (copied only to change dtype or device)
         return {
@@ -546,17 +560,21 @@ def load(
     args = load_args(root)
     if max_seq_len is not None:
         args = args.replace(max_seq_len=max_seq_len)
-    tied = False
-    if layout == "hf":
-        tied = bool(_read_json(root / HF_CONFIG).get("tie_word_embeddings", False))
+    tied = args.tie_embeddings
     with torch.device("meta"):
         model = Transformer(args)
     expected = {name: tuple(t.shape) for name, t in model.state_dict().items()}
     if layout == "hf":
         state = _load_hf(root, args, expected, device, dtype, progress, tied)
     else:
-        state = _load_meta(root, args, expected, device, dtype, progress)
+        state = _load_meta(root, args, expected, device, dtype, progress, tied)
     if tied:
+        head = state.setdefault("output.weight", state["tok_embeddings.weight"])
+        if head is not state["tok_embeddings.weight"] and not torch.equal(head, state["tok_embeddings.weight"]):
+            raise ValueError(
+                f"{path}: the config ties the output head to the embedding, but the checkpoint's "
+                f"output.weight differs from tok_embeddings.weight; untie it in the config or fix the weights"
+            )
         state["output.weight"] = state["tok_embeddings.weight"]
     model.load_state_dict(state, assign=True, strict=True)
     if tied:
