@@ -37,7 +37,7 @@ from pathlib import Path
 
 import torch
 from einops import rearrange
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from tqdm import tqdm  # plain bars: tqdm.auto warns in kernels without ipywidgets
 
@@ -427,12 +427,22 @@ def _check(found: dict, expected: dict, args: ModelArgs, config: str, hf: bool, 
         )
 
 
+def _open_safetensors(file: Path):
+    try:
+        return safe_open(file, framework="pt")
+    except SafetensorError as error:
+        raise ValueError(
+            f"{file} could not be read as safetensors ({error}): the file is damaged or incomplete; "
+            f"download it again"
+        ) from None
+
+
 def _load_hf(root: Path, args: ModelArgs, expected: dict, device, dtype, progress, tied) -> dict:
     files = _hf_files(root)
     config = str(root / HF_CONFIG)
     found, stored = {}, {}  # Meta name -> (shape, dtype, where); Meta name -> (file, HF name)
     for file in files:
-        with safe_open(file, framework="pt") as f:
+        with _open_safetensors(file) as f:
             for hf_name in f.keys():  # noqa: SIM118 (safe_open is not iterable)
                 if _IGNORED.search(hf_name):
                     continue
