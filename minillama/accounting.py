@@ -53,7 +53,11 @@ class ParameterCount:
             ("Gate w1 and up w3", f"2 × {_n(a.dim)} × {_n(f)} × {L}", L * 2 * a.dim * f),
             ("Down w2", f"{_n(f)} × {_n(a.dim)} × {L}", L * f * a.dim),
             ("RMSNorm gains", f"2 × {_n(a.dim)} × {L} + {_n(a.dim)}", L * self.norms + self.final_norm),
-            ("Output head", "tied: the embedding" if a.tie_embeddings else f"{_n(a.dim)} × {_n(a.vocab_size)}", self.output),
+            (
+                "Output head",
+                "tied: the embedding" if a.tie_embeddings else f"{_n(a.dim)} × {_n(a.vocab_size)}",
+                self.output,
+            ),
             ("Total", "", self.total),
         ]
 

@@ -158,7 +158,9 @@ def _from_catalogue(args: ModelArgs) -> ModelArgs:
         fields = {"name": args.name, "rope_scale_factor": args.rope_scale_factor, "tie_embeddings": False}
         if known.replace(**fields) == args.replace(tie_embeddings=False):
             return args.replace(
-                name=known.name, rope_scale_factor=known.rope_scale_factor, tie_embeddings=known.tie_embeddings
+                name=known.name,
+                rope_scale_factor=known.rope_scale_factor,
+                tie_embeddings=known.tie_embeddings,
             )
     return args.replace(name="custom")
 
@@ -580,7 +582,9 @@ def load(
         state = _load_meta(root, args, expected, device, dtype, progress, tied)
     if tied:
         head = state.setdefault("output.weight", state["tok_embeddings.weight"])
-        if head is not state["tok_embeddings.weight"] and not torch.equal(head, state["tok_embeddings.weight"]):
+        if head is not state["tok_embeddings.weight"] and not torch.equal(
+            head, state["tok_embeddings.weight"]
+        ):
             raise ValueError(
                 f"{path}: the config ties the output head to the embedding, but the checkpoint's "
                 f"output.weight differs from tok_embeddings.weight; untie it in the config or fix the weights"

@@ -480,7 +480,10 @@ def test_llama_3_2_hf_config_reads_as_the_catalogue_entry(name):
 def tied_meta_checkpoint(path, model, head=None):
     a = model.args
     params = {k: getattr(a, k) for k in ("dim", "n_layers", "n_heads", "n_kv_heads", "vocab_size")}
-    params |= {k: getattr(a, k) for k in ("multiple_of", "ffn_dim_multiplier", "norm_eps", "rope_theta", "max_seq_len")}
+    params |= {
+        k: getattr(a, k)
+        for k in ("multiple_of", "ffn_dim_multiplier", "norm_eps", "rope_theta", "max_seq_len")
+    }
     state = {k: v.clone() for k, v in model.state_dict().items() if k != "output.weight"}
     if head is not None:
         state["output.weight"] = head

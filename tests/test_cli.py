@@ -60,10 +60,7 @@ def test_generate_from_a_checkpoint_greedy(tmp_path):
 def test_bad_arguments_in_a_subprocess_exit_2_with_one_line():
     result = run("count", "llama-9")
     assert result.returncode == 2
-    assert (
-        result.stderr.count("\n") == 1
-        and ", ".join(ml.MODELS) in result.stderr
-    )
+    assert result.stderr.count("\n") == 1 and ", ".join(ml.MODELS) in result.stderr
     assert "Traceback" not in result.stderr
 
 
