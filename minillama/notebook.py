@@ -25,7 +25,7 @@ SWITCH = "MINILLAMA_GPU_BRANCHES"
 CHECKPOINT = "MINILLAMA_CHECKPOINT"
 # the stand-in keeps the real model's structure (GQA groups, scaled RoPE, real vocabulary, tied or
 # not) at a size a CPU runs in a second
-STAND_IN = dict(dim=256, n_layers=2, n_heads=8, n_kv_heads=2, hidden_dim=512, max_seq_len=1024)
+STAND_IN = dict(dim=256, n_layers=2, n_heads=8, n_kv_heads=2, multiple_of=256, max_seq_len=1024)
 
 
 def cpu_stand_in() -> bool:
@@ -59,9 +59,9 @@ def stand_in(args: ModelArgs | str) -> ModelArgs:
     return args.replace(**STAND_IN, name=f"{args.name} (CPU stand-in)")
 
 
-def checkpoint() -> str | None:
+def checkpoint(family: str = "llama-3.1-8b") -> str | None:
     """The folder in `MINILLAMA_CHECKPOINT`; under the CPU stand-in without one, a small random
-    checkpoint of the 8B's structure written to a temporary folder (so the loading cell runs)."""
+    checkpoint of `family`'s structure (tied head or not) in a temporary folder, so the loading cell runs."""
     path = os.environ.get(CHECKPOINT)
     if path or not cpu_stand_in():
         return path or None
@@ -71,5 +71,5 @@ def checkpoint() -> str | None:
     folder = Path(tempfile.mkdtemp(prefix="minillama-stand-in-"))
     with torch.random.fork_rng(devices=[]):  # the notebook's own random stream is left as it was
         torch.manual_seed(0)
-        save(Transformer(stand_in("llama-3.1-8b")).to(torch.bfloat16), folder)
+        save(Transformer(stand_in(family)).to(torch.bfloat16), folder)
     return str(folder)
