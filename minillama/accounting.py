@@ -86,10 +86,11 @@ def weight_bytes(args: ModelArgs, bytes_per_param: float = 2) -> int:
 
 
 def decode_step_bytes(args: ModelArgs, context: int, batch: int = 1, bytes_per_value: float = 2) -> int:
-    """Bytes one decode step must read: every weight once (the embedding only for the batch's rows)
-    and the KV cache of `context` positions per sequence. The floor of a memory-bound step."""
+    """Bytes one decode step must read: every weight once (the embedding only for the batch's rows,
+    unless it is also the output head, which reads all of it) and the KV cache of `context` positions
+    per sequence. The floor of a memory-bound step."""
     c = count_parameters(args)
-    weights = c.total - c.embedding + batch * args.dim
+    weights = c.total if args.tie_embeddings else c.total - c.embedding + batch * args.dim
     return int(weights * bytes_per_value) + kv_cache_bytes(args, context, batch, bytes_per_value)
 
 
@@ -98,6 +99,8 @@ def flops_per_token(args: ModelArgs, context: int) -> int:
     product (embedding lookup excluded) plus the score and value products, 2 · 2 · h · hd · context
     per layer."""
     c = count_parameters(args)
-    matmul = args.n_layers * (c.attention + c.feed_forward) + c.output
+    matmul = (
+        args.n_layers * (c.attention + c.feed_forward) + args.dim * args.vocab_size
+    )  # the head, tied or not
     attention = args.n_layers * 2 * 2 * args.n_heads * args.head_dim * context
     return 2 * matmul + attention

@@ -61,3 +61,13 @@ def test_flops_per_token():
     matmul_weights = PUBLISHED["llama-3.1-8b"] - 128_256 * 4096 - (2 * 32 + 1) * 4096
     assert ml.flops_per_token(args, context=0) == 2 * matmul_weights
     assert ml.flops_per_token(args, 1000) - ml.flops_per_token(args, 0) == 32 * 4 * 32 * 128 * 1000
+
+
+def test_a_tied_head_is_stored_once_but_read_and_multiplied_in_full():
+    tied, untied = ml.MODELS["llama-3.2-1b"], ml.MODELS["llama-3.2-1b"].replace(tie_embeddings=False)
+    head = tied.dim * tied.vocab_size  # 2,048 x 128,256
+    assert ml.count_parameters(untied).total - ml.count_parameters(tied).total == head
+    assert ml.weight_bytes(untied) - ml.weight_bytes(tied) == 2 * head
+    # a decode step reads the head either way; untied it also reads one embedding row
+    assert ml.decode_step_bytes(untied, 100) - ml.decode_step_bytes(tied, 100) == 2 * tied.dim
+    assert ml.flops_per_token(untied, 100) == ml.flops_per_token(tied, 100)
