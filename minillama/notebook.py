@@ -7,8 +7,9 @@ switch makes a CPU take those branches with a small stand-in shape, so the tests
     MINILLAMA_GPU_BRANCHES=cpu   take the GPU branches on the CPU, with stand-in shapes
 
 On a real GPU the switch changes nothing. A notebook writes `if ml.notebook.gpu_branch():` where it
-would write `if device == "cuda":`, passes its real shape through `ml.notebook.stand_in(args)`, and
-asks `ml.notebook.checkpoint()` for the checkpoint folder (`MINILLAMA_CHECKPOINT`).
+would write `if device == "cuda":`, passes its real shape through `ml.notebook.stand_in(args)` and its
+token count through `ml.notebook.tokens(n)`, and asks `ml.notebook.checkpoint()` for the checkpoint
+folder (`MINILLAMA_CHECKPOINT`).
 """
 
 from __future__ import annotations
@@ -23,9 +24,12 @@ from .config import MODELS, ModelArgs
 
 SWITCH = "MINILLAMA_GPU_BRANCHES"
 CHECKPOINT = "MINILLAMA_CHECKPOINT"
-# the stand-in keeps the real model's structure (GQA groups, scaled RoPE, real vocabulary, tied or
-# not) at a size a CPU runs in a second
-STAND_IN = dict(dim=256, n_layers=2, n_heads=8, n_kv_heads=2, multiple_of=256, max_seq_len=1024)
+# the stand-in keeps the real model's structure (GQA groups, scaled RoPE, tied head or not) at a size a
+# CPU runs in a second, in bfloat16 too (no bf16 matrix units here: ~40x slower than float32 per weight),
+# so the vocabulary shrinks as well; a checkpoint stand-in keeps the real one for the tokenizer
+STAND_IN = dict(
+    dim=256, n_layers=2, n_heads=8, n_kv_heads=2, multiple_of=256, vocab_size=2048, max_seq_len=1024
+)
 
 
 def cpu_stand_in() -> bool:
@@ -59,6 +63,11 @@ def stand_in(args: ModelArgs | str) -> ModelArgs:
     return args.replace(**STAND_IN, name=f"{args.name} (CPU stand-in)")
 
 
+def tokens(n: int) -> int:
+    """`n` new tokens to measure on a GPU; under the CPU stand-in at most 16 (bfloat16 steps are slow there)."""
+    return min(n, 16) if cpu_stand_in() else n
+
+
 def checkpoint(family: str = "llama-3.1-8b") -> str | None:
     """The folder in `MINILLAMA_CHECKPOINT`; under the CPU stand-in without one, a small random
     checkpoint of `family`'s structure (tied head or not) in a temporary folder, so the loading cell runs."""
@@ -71,5 +80,6 @@ def checkpoint(family: str = "llama-3.1-8b") -> str | None:
     folder = Path(tempfile.mkdtemp(prefix="minillama-stand-in-"))
     with torch.random.fork_rng(devices=[]):  # the notebook's own random stream is left as it was
         torch.manual_seed(0)
-        save(Transformer(stand_in(family)).to(torch.bfloat16), folder)
+        args = stand_in(family).replace(vocab_size=MODELS[family].vocab_size)  # the real tokenizer's ids
+        save(Transformer(args).to(torch.bfloat16), folder)
     return str(folder)

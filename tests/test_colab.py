@@ -1,7 +1,7 @@
 """The book outside the development venv: a plain `pip install`, and every notebook as Colab runs it.
 
-Two virtual environments, cached under `.cache/` and rebuilt when `pyproject.toml` (or the lists
-below) change:
+Two virtual environments, cached under `.cache/` and rebuilt when the dependencies of `pyproject.toml`,
+the pins of `requirements.txt` or the lists below change:
 
 - `pip`: torch 2.13.0, then a plain `pip install` of a copy of the repository (non-editable). The
   README's "Using the package" snippet must run there and print what its comments say.
@@ -66,10 +66,12 @@ def _source_copy(dest: Path) -> Path:
 
 
 def _venv(name: str, build) -> Path:
-    """A venv under .cache/, rebuilt when pyproject.toml, this file's package lists or python change."""
-    key = hashlib.sha256(
-        (ROOT / "pyproject.toml").read_bytes() + repr((TORCH, COLAB, name, sys.version)).encode()
-    ).hexdigest()[:16]
+    """A venv under .cache/, rebuilt when the dependencies in pyproject.toml, the pins of requirements.txt,
+    this file's package lists or python change (not for other edits of pyproject.toml)."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    deps = (project["dependencies"], project.get("optional-dependencies"))
+    pins = (ROOT / "requirements.txt").read_text()
+    key = hashlib.sha256(repr((deps, pins, TORCH, COLAB, name, sys.version)).encode()).hexdigest()[:16]
     path = CACHE / f"{name}-venv"
     stamp = path / ".minillama-stamp"
     python = path / "bin" / "python"
