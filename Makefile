@@ -56,7 +56,7 @@ pytest: $(STAMP)
 
 # The book outside .venv: the README snippet after a plain `pip install`, and every notebook copied alone
 # into an empty folder and run in a Colab-like venv (its first cell installs minillama[book]) with the
-# GPU branches taken on the CPU. Its venvs are cached in .cache/ (rebuilt when pyproject.toml changes).
+# GPU branches taken on the CPU. Its venvs are cached in .cache/ (rebuilt when the dependencies change).
 colab-test: $(STAMP)
 	$(BIN)/python -m pytest tests/test_colab.py -v --durations=0
 
