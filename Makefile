@@ -58,7 +58,7 @@ pytest: $(STAMP)
 # into an empty folder and run in a Colab-like venv (its first cell installs minillama[book]) with the
 # GPU branches taken on the CPU. Its venvs are cached in .cache/ (rebuilt when the dependencies change).
 colab-test: $(STAMP)
-	$(BIN)/python -m pytest tests/test_colab.py -v --durations=0
+	TORCH_INDEX_URL="$(TORCH_INDEX_URL)" $(BIN)/python -m pytest tests/test_colab.py -v --durations=0
 
 # Every notebook re-executed on this machine and its stored outputs compared (text exactly; images not).
 nbval: $(STAMP)
