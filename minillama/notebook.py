@@ -25,8 +25,8 @@ from .config import MODELS, ModelArgs
 SWITCH = "MINILLAMA_GPU_BRANCHES"
 CHECKPOINT = "MINILLAMA_CHECKPOINT"
 # the stand-in keeps the real model's structure (GQA groups, scaled RoPE, tied head or not) at a size a
-# CPU runs in a second, in bfloat16 too (no bf16 matrix units here: ~40x slower than float32 per weight),
-# so the vocabulary shrinks as well; a checkpoint stand-in keeps the real one for the tokenizer
+# CPU runs in seconds even in bfloat16, which CPUs without bf16 matrix units compute slowly: the
+# vocabulary shrinks too (a checkpoint stand-in keeps the real one, for the tokenizer)
 STAND_IN = dict(
     dim=256, n_layers=2, n_heads=8, n_kv_heads=2, multiple_of=256, vocab_size=2048, max_seq_len=1024
 )
