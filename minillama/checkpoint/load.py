@@ -16,7 +16,7 @@ import torch
 from ..model import Transformer
 from .check import SUPPORTED_DTYPES
 from .configs import load_args
-from .layout import HF_CONFIG, detect_layout, read_json
+from .layout import detect_layout
 from .read_hf import read_hf
 from .read_meta import read_meta
 
@@ -41,6 +41,16 @@ def _resolve_dtype(dtype) -> torch.dtype | None:
     if dtype not in SUPPORTED_DTYPES:
         raise ValueError(f"unsupported dtype {dtype}; minillama runs in float32, float16 or bfloat16")
     return dtype
+
+
+def _check_tied_head(state: dict, path) -> None:
+    """A tied checkpoint may store the head too (Meta's files): it must then equal the embedding."""
+    head, embedding = state.get("output.weight"), state["tok_embeddings.weight"]
+    if head is not None and head is not embedding and not torch.equal(head, embedding):
+        raise ValueError(
+            f"{path}: the config ties the output head to the embedding, but the checkpoint's "
+            f"output.weight differs from tok_embeddings.weight; untie it in the config or fix the weights"
+        )
 
 
 def load(
@@ -69,17 +79,16 @@ def load(
     args = load_args(root)
     if max_seq_len is not None:
         args = args.replace(max_seq_len=max_seq_len)
-    tied = False
-    if layout == "hf":
-        tied = bool(read_json(root / HF_CONFIG).get("tie_word_embeddings", False))
+    tied = args.tie_embeddings  # HF: tie_word_embeddings; Meta: the catalogue (Llama 3.2 1B/3B)
     with torch.device("meta"):
         model = Transformer(args)
     expected = {name: tuple(t.shape) for name, t in model.state_dict().items()}
     if layout == "hf":
         state = read_hf(root, args, expected, device, dtype, progress, tied)
     else:
-        state = read_meta(root, args, expected, device, dtype, progress)
+        state = read_meta(root, args, expected, device, dtype, progress, tied)
     if tied:
+        _check_tied_head(state, path)
         state["output.weight"] = state["tok_embeddings.weight"]
     model.load_state_dict(state, assign=True, strict=True)
     if tied:
