@@ -199,6 +199,6 @@ def test_the_first_cell_is_the_same_everywhere_and_installs_from_the_configured_
         re.split(r"[<>=!~ ;\[]", r)[0].lower().replace("-", "_")
         for r in project["optional-dependencies"]["book"]
     }
-    checked = re.search(r"find_spec\(m\) for m in \(([^)]*)\)", cell).group(1)
+    checked = re.search(r"needed = \(([^)]*)\)", cell).group(1)
     modules = [m.strip().strip('"') for m in checked.split(",") if m.strip()]
     assert modules[0] == "minillama" and set(modules[1:]) <= declared, (modules, sorted(declared))
