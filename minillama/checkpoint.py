@@ -60,6 +60,9 @@ _DTYPE_NAMES = {
     "bf16": torch.bfloat16,
 }
 _SAFETENSORS_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
+# a quantised checkpoint (chapter 9, written by `save`) also holds integer codes, and scales and zeros
+_QUANTISED_DTYPES = {"I8": torch.int8, "U8": torch.uint8}
+_QUANTISED_PARTS = ("weight", "scales", "zeros")
 
 # Hugging Face parameter names -> Meta's (a block's parameters, then the rest)
 _HF_BLOCK = {
@@ -76,7 +79,7 @@ _HF_BLOCK = {
 _HF_TOP = {"model.embed_tokens": "tok_embeddings", "model.norm": "norm", "lm_head": "output"}
 _META_BLOCK = {meta: hf for hf, meta in _HF_BLOCK.items()}
 _META_TOP = {meta: hf for hf, meta in _HF_TOP.items()}
-_HF_BLOCK_RE = re.compile(r"model\.layers\.(\d+)\.(.+)\.weight")
+_HF_BLOCK_RE = re.compile(r"model\.layers\.(\d+)\.(.+)\.(weight|scales|zeros)")
 _LAYER_RE = re.compile(r"layers\.(\d+)\.")
 # derived tensors some checkpoints carry; the model recomputes them
 _IGNORED = re.compile(r"(^|\.)(rotary_emb\.inv_freq|rope\.freqs)$")
@@ -96,29 +99,30 @@ _COLUMN_PARALLEL = (
 def hf_to_meta(name: str) -> str | None:
     """Meta's name for a Hugging Face parameter name, or None when it is not a Llama weight."""
     if match := _HF_BLOCK_RE.fullmatch(name):
-        layer, part = match.groups()
-        return f"layers.{layer}.{_HF_BLOCK[part]}.weight" if part in _HF_BLOCK else None
-    base = name.removesuffix(".weight")
-    return f"{_HF_TOP[base]}.weight" if base in _HF_TOP and name.endswith(".weight") else None
+        layer, part, kind = match.groups()
+        return f"layers.{layer}.{_HF_BLOCK[part]}.{kind}" if part in _HF_BLOCK else None
+    base, _, kind = name.rpartition(".")
+    return f"{_HF_TOP[base]}.{kind}" if base in _HF_TOP and kind in _QUANTISED_PARTS else None
 
 
 def meta_to_hf(name: str) -> str:
     """Hugging Face's name for a Meta parameter name."""
-    if match := re.fullmatch(r"layers\.(\d+)\.(.+)\.weight", name):
-        layer, part = match.groups()
-        return f"model.layers.{layer}.{_META_BLOCK[part]}.weight"
-    return f"{_META_TOP[name.removesuffix('.weight')]}.weight"
+    if match := re.fullmatch(r"layers\.(\d+)\.(.+)\.(weight|scales|zeros)", name):
+        layer, part, kind = match.groups()
+        return f"model.layers.{layer}.{_META_BLOCK[part]}.{kind}"
+    base, _, kind = name.rpartition(".")
+    return f"{_META_TOP[base]}.{kind}"
 
 
 def hf_permute(w: torch.Tensor, n_heads: int) -> torch.Tensor:
     """Meta's interleaved rotary rows -> Hugging Face's half-split rows, per head: row (2p + i) of a head
     moves to row (i · hd/2 + p). The same reordering as transformers' `permute` (see the module docstring)."""
-    return rearrange(w, "(h p two) d -> (h two p) d", h=n_heads, two=2).contiguous()
+    return rearrange(w, "(h p two) ... -> (h two p) ...", h=n_heads, two=2).contiguous()
 
 
 def hf_unpermute(w: torch.Tensor, n_heads: int) -> torch.Tensor:
     """The inverse of `hf_permute`: Hugging Face's q_proj/k_proj rows back to Meta's interleaved pairs."""
-    return rearrange(w, "(h two p) d -> (h p two) d", h=n_heads, two=2).contiguous()
+    return rearrange(w, "(h two p) ... -> (h p two) ...", h=n_heads, two=2).contiguous()
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -380,9 +384,11 @@ def _describe(args: ModelArgs) -> str:
     )
 
 
-def _check(found: dict, expected: dict, args: ModelArgs, config: str, hf: bool, tied: bool) -> None:
+def _check(found: dict, expected: dict, args: ModelArgs, config: str, hf: bool, tied: bool, codes=None) -> None:
     """Raise on any unexpected, missing, mis-shaped or unsupported tensor. `found`: Meta name ->
-    (shape, dtype, where it was found: "file: stored name")."""
+    (shape, dtype, where it was found: "file: stored name"); `codes`: name -> integer dtype of a quantised
+    model's codes (chapter 9)."""
+    codes = codes or {}
     layers = {int(m.group(1)) for name in found if (m := _LAYER_RE.match(name))}
     if layers and max(layers) >= args.n_layers:
         raise ValueError(
@@ -399,7 +405,9 @@ def _check(found: dict, expected: dict, args: ModelArgs, config: str, hf: bool, 
                 f"shape mismatch for {name!r} ({where}): expected {tuple(expected[name])} from {config} "
                 f"({_describe(args)}), found {tuple(shape)}; the config and the weights disagree"
             )
-        if dtype not in SUPPORTED_DTYPES:
+        if name in codes and dtype != codes[name]:
+            raise ValueError(f"{where} holds {dtype}; the quantised model of {config} stores {codes[name]} codes there")
+        if dtype not in SUPPORTED_DTYPES and name not in codes:
             raise ValueError(
                 f"unsupported dtype {dtype} for {where}: minillama loads float32, float16 and bfloat16 weights "
                 f"(quantized checkpoints such as fp8 are not supported)"
@@ -413,7 +421,7 @@ def _check(found: dict, expected: dict, args: ModelArgs, config: str, hf: bool, 
         )
 
 
-def _load_hf(root: Path, args: ModelArgs, expected: dict, device, dtype, progress, tied) -> dict:
+def _load_hf(root: Path, args: ModelArgs, expected: dict, device, dtype, progress, tied, codes=None) -> dict:
     files = _hf_files(root)
     config = str(root / HF_CONFIG)
     found, stored = {}, {}  # Meta name -> (shape, dtype, where); Meta name -> (file, HF name)
@@ -431,11 +439,11 @@ def _load_hf(root: Path, args: ModelArgs, expected: dict, device, dtype, progres
                 sl = f.get_slice(hf_name)
                 found[name] = (
                     tuple(sl.get_shape()),
-                    _SAFETENSORS_DTYPES.get(sl.get_dtype(), sl.get_dtype()),
+                    {**_SAFETENSORS_DTYPES, **_QUANTISED_DTYPES}.get(sl.get_dtype(), sl.get_dtype()),
                     where,
                 )
                 stored[name] = (file, hf_name)
-    _check(found, expected, args, config, hf=True, tied=tied)
+    _check(found, expected, args, config, hf=True, tied=tied, codes=codes)
     dtype = dtype or found["tok_embeddings.weight"][1]
     state = {}
     for name, (file, hf_name) in tqdm(
@@ -445,11 +453,12 @@ def _load_hf(root: Path, args: ModelArgs, expected: dict, device, dtype, progres
         # unmapped at once, instead of the whole file staying resident until the end
         with safe_open(file, framework="pt") as f:
             w = f.get_tensor(hf_name)  # a view of the memory-mapped file: nothing is read yet
-        if name.endswith("attention.wq.weight"):
+        if ".attention.wq." in name:  # the weight (and a quantised one's scales and zeros: rows too)
             w = hf_unpermute(w, args.n_heads)
-        elif name.endswith("attention.wk.weight"):
+        elif ".attention.wk." in name:
             w = hf_unpermute(w, args.n_kv_heads)
-        state[name] = w.to(device=device, dtype=dtype)  # no copy when dtype and device already match
+        # no copy when dtype and device already match; integer codes keep their dtype
+        state[name] = w.to(device=device, dtype=dtype if w.is_floating_point() else None)
     return state
 
 
@@ -551,9 +560,15 @@ def load(
         tied = bool(_read_json(root / HF_CONFIG).get("tie_word_embeddings", False))
     with torch.device("meta"):
         model = Transformer(args)
+    quantization = _read_json(root / HF_CONFIG).get("minillama", {}).get("quantization") if layout == "hf" else None
+    if quantization:  # written by `save` from a quantised model (chapter 9): the same layers, empty
+        from .quantize import quantized_like
+
+        quantized_like(model, quantization)
     expected = {name: tuple(t.shape) for name, t in model.state_dict().items()}
+    codes = {name: t.dtype for name, t in model.state_dict().items() if not t.is_floating_point()}
     if layout == "hf":
-        state = _load_hf(root, args, expected, device, dtype, progress, tied)
+        state = _load_hf(root, args, expected, device, dtype, progress, tied, codes)
     else:
         state = _load_meta(root, args, expected, device, dtype, progress)
     if tied:
@@ -580,16 +595,22 @@ def save(model: Transformer, path: str | os.PathLike, max_shard_bytes: int = 5 *
     for stale in [*path.glob("model-*-of-*.safetensors"), path / HF_WEIGHTS, path / HF_INDEX]:
         stale.unlink(missing_ok=True)
     args = model.args
+    quantization = getattr(model, "quantization", None)
+    if quantization and quantization["backend"] != "minillama":
+        raise ValueError(
+            f"save writes minillama's quantised layers, not {quantization['backend']}'s tensors; "
+            f"quantise with backend='minillama' to save (or save the 16-bit model and quantise after loading)"
+        )
     tied = model.output.weight is model.tok_embeddings.weight
-    dtype = model.output.weight.dtype
+    dtype = model.tok_embeddings.weight.dtype  # the head's may be quantised codes
     tensors = {}
     for name, w in model.state_dict().items():
         if tied and name == "output.weight":
             continue
         w = w.detach().to("cpu")
-        if name.endswith("attention.wq.weight"):
+        if ".attention.wq." in name:  # a quantised layer's scales and zeros follow its rows
             w = hf_permute(w, args.n_heads)
-        elif name.endswith("attention.wk.weight"):
+        elif ".attention.wk." in name:
             w = hf_permute(w, args.n_kv_heads)
         tensors[meta_to_hf(name)] = w.contiguous()
     shards, size = [[]], 0
@@ -612,6 +633,9 @@ def save(model: Transformer, path: str | os.PathLike, max_shard_bytes: int = 5 *
         total = sum(w.numel() * w.element_size() for w in tensors.values())
         with open(path / HF_INDEX, "w") as f:
             json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
+    config = hf_config(args, dtype, tied)
+    if quantization:
+        config["minillama"]["quantization"] = quantization
     with open(path / HF_CONFIG, "w") as f:
-        json.dump(hf_config(args, dtype, tied), f, indent=2)
+        json.dump(config, f, indent=2)
     return path
