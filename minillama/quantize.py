@@ -10,8 +10,9 @@ and only the weights carry a rounding error.
 - int4, asymmetric, one scale and one zero per group of `group_size` inputs of a row: s = (max - min) / 15,
   q = round((w - min) / s) in 0..15, w ≈ (q - 8) · s + zero with zero = min + 8 · s (the value of the middle
   code). The error is at most s / 2 of its group. This is the layout of the "tinygemm" kernels that
-  pytorch-labs/gpt-fast `quantize.py` (`WeightOnlyInt4Linear`) and torchao's int4 weight-only path call;
-  minillama.sources keys "gpt-fast-quantize", "torchao-readme" pin them.
+  pytorch-labs/gpt-fast `quantize.py` (@ 1095a5c, `WeightOnlyInt4Linear`; its `WeightOnlyInt8Linear` is the
+  int8 formula below) and torchao's int4 weight-only path call. Published speeds and perplexities on the
+  real models: `minillama.sources` keys "gpt-fast-quant", "torchao-quant-llama3", "torchao-quant-llama31".
 
 Kernels (PyTorch's own ops, no extension): on a CPU `aten._weight_int8pack_mm` (int8 codes times
 16/32-bit activations, scaled per channel) and `aten._weight_int4pack_mm_for_cpu`; on CUDA
