@@ -266,3 +266,17 @@ def test_torchao_backend_agrees_with_ours(fmt, group_size, tmp_path):
     assert ml.generate(theirs, PROMPTS, max_new_tokens=3)  # the cache dtype, the device: both fine
     with pytest.raises(ValueError, match="backend='minillama' to save"):
         ml.save(theirs, tmp_path)
+
+
+def test_bench_quantised_variants_count_their_own_bytes():
+    from minillama.bench import QUANTISED, run
+
+    assert {"int8", "int4-g128", "torchao-int8"} <= set(QUANTISED)
+    results = run(ARGS, batches=(1,), prompt_len=4, new_tokens=3, dtype="bfloat16", repeats=1,
+                  variants="static,int8,int4-g64", ceilings=False)  # fmt: skip
+    runs = {r["variant"]: r for r in results["runs"]}
+    assert runs["int8"]["format"] == "int8" and runs["int4-g64"]["group_size"] == 64
+    for v, fmt, g in [("static", None, 128), ("int8", "int8", 128), ("int4-g64", "int4", 64)]:
+        assert runs[v]["bytes_per_step"] == ml.decode_step_bytes(ARGS, runs[v]["context"], 1, 2, fmt, g)
+    assert runs["int4-g64"]["bytes_per_step"] < runs["int8"]["bytes_per_step"] < runs["static"]["bytes_per_step"]
+    assert "error" not in runs["int8"] and runs["int8"]["decode_ms_per_token"] > 0
