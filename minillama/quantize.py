@@ -306,12 +306,23 @@ def use_kernels(model: nn.Module, enabled: bool = True) -> nn.Module:
 
 
 def _torchao(model: nn.Module, format: str, group_size: int | None, names: set[str]) -> None:
+    import logging
+
+    # torchao's import warns about optional C++ extensions built for other torch builds (naming library
+    # paths) and about enums torch now handles itself: nothing a user can act on
+    loggers = [logging.getLogger(name) for name in ("torchao", "torch.utils._pytree")]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.ERROR)
     try:
         from torchao.quantization import Int4WeightOnlyConfig, Int8WeightOnlyConfig, quantize_
     except ImportError:
         raise ValueError(
             "backend='torchao' needs torchao (pip install torchao==0.18.0); backend='minillama' needs nothing"
         ) from None
+    finally:
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)
     device = next(iter(model.parameters())).device
     # set_inductor_config=False: torchao would otherwise change torch.compile's global settings
     if format == "int8":
