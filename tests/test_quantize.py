@@ -278,5 +278,22 @@ def test_bench_quantised_variants_count_their_own_bytes():
     assert runs["int8"]["format"] == "int8" and runs["int4-g64"]["group_size"] == 64
     for v, fmt, g in [("static", None, 128), ("int8", "int8", 128), ("int4-g64", "int4", 64)]:
         assert runs[v]["bytes_per_step"] == ml.decode_step_bytes(ARGS, runs[v]["context"], 1, 2, fmt, g)
-    assert runs["int4-g64"]["bytes_per_step"] < runs["int8"]["bytes_per_step"] < runs["static"]["bytes_per_step"]
+    assert (
+        runs["int4-g64"]["bytes_per_step"] < runs["int8"]["bytes_per_step"] < runs["static"]["bytes_per_step"]
+    )
     assert "error" not in runs["int8"] and runs["int8"]["decode_ms_per_token"] > 0
+
+
+def test_cards_show_quantised_bytes_when_a_format_is_given():
+    a = ml.MODELS["llama-3.1-8b"]
+    plain, quantised = ml.card("model", a), ml.card("model", a, format="int4", group_size=64)
+    assert "decode_step_bytes_quantised" not in plain.facts
+    assert quantised.facts["decode_step_bytes_quantised"] == ml.decode_step_bytes(
+        a, 1001, format="int4", group_size=64
+    )
+    rows = dict(ml.card("block", a, format="int8").numbers[0].rows)
+    assert (
+        rows["Weights · int8 (+ a scale per row)"] == "208.1 MiB"
+    )  # 218,103,808 codes + 43,008 row scales · 2 B + 8,192 gains · 2 B
+    with pytest.raises(ValueError, match="unknown format 'int3'"):
+        ml.card("model", a, format="int3")
