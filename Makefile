@@ -1,6 +1,6 @@
 # minillama: every target creates .venv on first use and installs the pinned environment.
 #   make book     build the site from the notebooks' stored outputs -> _build/html/index.html
-#   make test     everything CI runs: ruff, pytest, nbval over the notebooks, a -W book build, the browser test
+#   make test     everything CI runs: ruff, pytest, nbval, the Colab-like notebook runs, a -W book build, the browser test
 #   make execute  re-execute every notebook in place (CPU or GPU) to refresh the stored outputs
 #   make lab      JupyterLab on notebooks/, minillama importable
 #   make bench    python -m minillama bench (ARGS="..." passes options)
@@ -23,7 +23,7 @@ STAMP := $(VENV)/.installed
 NOTEBOOKS := $(sort $(wildcard notebooks/*.ipynb))
 CELL_TIMEOUT ?= 600
 
-.PHONY: help venv book test lint pytest nbval book-strict browser-test execute lab bench clean distclean
+.PHONY: help venv book test lint pytest nbval colab-test book-strict browser-test execute lab bench clean distclean
 
 help:
 	@sed -n '2,7p' Makefile | sed 's/^# *//'
@@ -45,14 +45,20 @@ book: $(STAMP)
 	$(BIN)/jupyter-book build .
 	@echo "The book: $(CURDIR)/_build/html/index.html"
 
-test: lint pytest nbval book-strict browser-test
+test: lint pytest nbval colab-test book-strict browser-test
 	@echo "make test: all checks passed"
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
 
 pytest: $(STAMP)
-	$(BIN)/python -m pytest tests/ --ignore=tests/test_site.py
+	$(BIN)/python -m pytest tests/ --ignore=tests/test_site.py --ignore=tests/test_colab.py
+
+# The book outside .venv: the README snippet after a plain `pip install`, and every notebook copied alone
+# into an empty folder and run in a Colab-like venv (its first cell installs minillama[book]) with the
+# GPU branches taken on the CPU. Its venvs are cached in .cache/ (rebuilt when the dependencies change).
+colab-test: $(STAMP)
+	TORCH_INDEX_URL="$(TORCH_INDEX_URL)" $(BIN)/python -m pytest tests/test_colab.py -v --durations=0
 
 # Every notebook re-executed on this machine and its stored outputs compared (text exactly; images not).
 nbval: $(STAMP)
@@ -93,4 +99,4 @@ clean:
 	  | xargs -0 rm -rf
 
 distclean: clean
-	rm -rf $(VENV)
+	rm -rf $(VENV) .cache

@@ -7,6 +7,7 @@ p rotary pairs (hd / 2), v vocabulary.
 
 __version__ = "0.1.0"
 
+from . import notebook
 from .accounting import count_parameters, decode_step_bytes, flops_per_token, kv_cache_bytes, weight_bytes
 from .attention import Attention
 from .cards import card, card_tabs, tensor_card

@@ -25,7 +25,7 @@ class ParameterCount:
     feed_forward: int  # per block: w1, w2, w3
     norms: int  # per block: attention_norm and ffn_norm gains
     final_norm: int
-    output: int  # untied head: v × d
+    output: int  # untied head: v × d (0 when tied to the embedding: counted once, there)
 
     @property
     def per_block(self) -> int:
@@ -53,7 +53,11 @@ class ParameterCount:
             ("Gate w1 and up w3", f"2 × {_n(a.dim)} × {_n(f)} × {L}", L * 2 * a.dim * f),
             ("Down w2", f"{_n(f)} × {_n(a.dim)} × {L}", L * f * a.dim),
             ("RMSNorm gains", f"2 × {_n(a.dim)} × {L} + {_n(a.dim)}", L * self.norms + self.final_norm),
-            ("Output head", f"{_n(a.dim)} × {_n(a.vocab_size)}", self.output),
+            (
+                "Output head",
+                "tied: the embedding" if a.tie_embeddings else f"{_n(a.dim)} × {_n(a.vocab_size)}",
+                self.output,
+            ),
             ("Total", "", self.total),
         ]
 
@@ -67,7 +71,7 @@ def count_parameters(args: ModelArgs) -> ParameterCount:
         feed_forward=3 * args.dim * args.ffn_hidden_dim,
         norms=2 * args.dim,
         final_norm=args.dim,
-        output=args.dim * args.vocab_size,
+        output=0 if args.tie_embeddings else args.dim * args.vocab_size,
     )
 
 
@@ -113,7 +117,9 @@ def weight_bytes(
     rest = c.total - sum(n * o * i for o, i, n in blocks)
     if head:
         quantised += linear_bytes(v, d, format, group_size, bytes_per_param)
-        rest -= v * d
+        # untied: the head leaves the 16-bit rest; tied, quantising the head adds a quantised copy of the
+        # embedding (which stays 16-bit for the lookup)
+        rest -= 0 if args.tie_embeddings else v * d
     return quantised + int(rest * bytes_per_param)
 
 
@@ -126,12 +132,14 @@ def decode_step_bytes(
     group_size: int = 128,
     head: bool = True,
 ) -> int:
-    """Bytes one decode step must read: every weight once (the embedding only for the batch's rows)
-    and the KV cache of `context` positions per sequence. The floor of a memory-bound step. With a
-    `format` the weights are counted as `weight_bytes` counts them; the cache stays at `bytes_per_value`."""
+    """Bytes one decode step must read: every weight once (the embedding only for the batch's rows,
+    unless it is also the output head, which reads all of it) and the KV cache of `context` positions
+    per sequence. The floor of a memory-bound step. With a `format` the weights are counted as
+    `weight_bytes` counts them; the cache stays at `bytes_per_value`."""
     c = count_parameters(args)
-    embedding = c.embedding - batch * args.dim  # the rows of the embedding a step does not read
-    weights = weight_bytes(args, bytes_per_value, format, group_size, head) - int(embedding * bytes_per_value)
+    weights = weight_bytes(args, bytes_per_value, format, group_size, head)
+    if not (args.tie_embeddings and (format is None or not head)):  # the embedding is not also the head read
+        weights -= int((c.embedding - batch * args.dim) * bytes_per_value)  # the rows a step does not read
     return weights + kv_cache_bytes(args, context, batch, bytes_per_value)
 
 
@@ -140,6 +148,8 @@ def flops_per_token(args: ModelArgs, context: int) -> int:
     product (embedding lookup excluded) plus the score and value products, 2 · 2 · h · hd · context
     per layer."""
     c = count_parameters(args)
-    matmul = args.n_layers * (c.attention + c.feed_forward) + c.output
+    matmul = (
+        args.n_layers * (c.attention + c.feed_forward) + args.dim * args.vocab_size
+    )  # the head, tied or not
     attention = args.n_layers * 2 * 2 * args.n_heads * args.head_dim * context
     return 2 * matmul + attention

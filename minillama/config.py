@@ -1,8 +1,11 @@
 """The shape of a Llama 3.1 model: `ModelArgs` and the `MODELS` catalogue (chapter 1).
 
 Field names are Meta's (meta-llama/llama3 `llama/model.py` 19–32, with Llama 3.1's
-`use_scaled_rope`); the three published sizes come from Meta's catalogue, meta-llama/llama-models
-`models/sku_list.py` (8B 231–248, 70B 249–266, 405B 267–285; see `minillama.sources`).
+`use_scaled_rope`); the published sizes come from Meta's catalogue, meta-llama/llama-models
+`models/sku_list.py` (8B 231–248, 70B 249–266, 405B 267–285, Llama 3.2 1B 329–345 and 3B 346–362,
+Llama 3.3 70B from 769 with the 3.1 70B's shape; see `minillama.sources`). Llama 3.2 1B and 3B tie the
+output head to the embedding and scale RoPE by 32, not 8: both are in their Hugging Face `config.json`
+(`tie_word_embeddings: true`, `rope_scaling.factor: 32.0`), not in Meta's `params.json`.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ class ModelArgs:
     rope_high_freq_factor: float = 4.0  # wavelengths below original/high are kept
     rope_original_max_seq_len: int = 8192  # the context Llama 3 was trained at
     hidden_dim: int | None = None  # explicit FFN width (HF's intermediate_size); None: Meta's rounding
+    tie_embeddings: bool = False  # the output head is the embedding matrix (Llama 3.2 1B and 3B)
     name: str = "custom"  # display name for cards and tables
 
     def __post_init__(self):
@@ -85,6 +89,33 @@ MODELS: dict[str, ModelArgs] = {
         multiple_of=4096,
         ffn_dim_multiplier=1.2,
         name="Llama 3.1 405B",
+    ),
+    # the small ones a laptop runs: output head tied to the embedding, RoPE scaled by 32
+    "llama-3.2-1b": ModelArgs(
+        dim=2048,
+        n_layers=16,
+        n_heads=32,
+        n_kv_heads=8,
+        multiple_of=256,
+        ffn_dim_multiplier=1.5,
+        rope_scale_factor=32.0,
+        tie_embeddings=True,
+        name="Llama 3.2 1B",
+    ),
+    "llama-3.2-3b": ModelArgs(
+        dim=3072,
+        n_layers=28,
+        n_heads=24,
+        n_kv_heads=8,
+        multiple_of=256,
+        ffn_dim_multiplier=1.0,
+        rope_scale_factor=32.0,
+        tie_embeddings=True,
+        name="Llama 3.2 3B",
+    ),
+    # the 3.1 70B's shape, trained further (instruct only)
+    "llama-3.3-70b": ModelArgs(
+        dim=8192, n_layers=80, n_heads=64, n_kv_heads=8, multiple_of=4096, name="Llama 3.3 70B"
     ),
     # the 8B's structure at a size a laptop CPU runs in milliseconds: g = 4 query heads per KV head,
     # the real vocabulary (so the real tokenizer works), scaled RoPE

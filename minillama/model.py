@@ -1,4 +1,4 @@
-"""The Llama 3.1 transformer: blocks, final norm, untied output head (chapter 6).
+"""The Llama 3.1 transformer: blocks, final norm, output head (untied; tied for Llama 3.2 1B/3B) (chapter 6).
 
 Reproduces meta-llama/llama3 `llama/model.py`: a block is h = x + attention(attention_norm(x)),
 out = h + feed_forward(ffn_norm(h)) (222–248); the model embeds tokens, runs the blocks, normalises
@@ -46,6 +46,8 @@ class Transformer(nn.Module):
         self.layers = nn.ModuleList(TransformerBlock(args) for _ in range(args.n_layers))
         self.norm = RMSNorm(args.dim, eps=args.norm_eps)
         self.output = nn.Linear(args.dim, args.vocab_size, bias=False)
+        if args.tie_embeddings:  # Llama 3.2 1B/3B: one v × d matrix embeds the ids and scores the vocabulary
+            self.output.weight = self.tok_embeddings.weight
         self.rope = RotaryEmbedding(args)
 
     @property
@@ -165,6 +167,8 @@ def random_model(args: ModelArgs, device="cpu", dtype=torch.float32, seed: int =
     with torch.device("meta"):
         model = Transformer(args)
     model = model.to_empty(device=device).to(dtype)
+    if args.tie_embeddings:  # to_empty gives every parameter its own storage: share the head again
+        model.output.weight = model.tok_embeddings.weight
     generator = torch.Generator(device=device).manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():

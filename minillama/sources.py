@@ -147,6 +147,26 @@ _ENTRIES = [
         ((19, 19), (267, 285)),
     ),
     _models(
+        "config-3.2-1b",
+        "Meta's Llama 3.2 1B base catalogue entry (2,048 wide, 16 layers, 32 query and 8 KV heads, FFN "
+        "multiplier 1.5, multiple_of 256). The tied head and RoPE factor 32 are not in it (see the card's note).",
+        "models/sku_list.py",
+        ((19, 19), (329, 346)),
+    ),
+    _models(
+        "config-3.2-3b",
+        "Meta's Llama 3.2 3B base catalogue entry (3,072 wide, 28 layers, 24 query and 8 KV heads, FFN "
+        "multiplier 1.0, multiple_of 256). The tied head and RoPE factor 32 are not in it (see the card's note).",
+        "models/sku_list.py",
+        ((19, 19), (347, 364)),
+    ),
+    _models(
+        "config-3.3-70b",
+        "Meta's Llama 3.3 70B instruct catalogue entry: the Llama 3.1 70B's shape.",
+        "models/sku_list.py",
+        ((19, 19), (771, 788)),
+    ),
+    _models(
         "context",
         "The Llama 3.1 family's maximum sequence length, 131,072 positions.",
         "models/sku_types.py",

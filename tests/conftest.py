@@ -40,6 +40,14 @@ CONFIGS = {
         norm_eps=1e-6,
         max_seq_len=128,
     ),
+    # Llama 3.2 1B and 3B shrunk (width, layers, vocabulary), keeping what sets them apart: the output head
+    # tied to the embedding, RoPE scaled by 32, their GQA groups (4 and 3) and FFN multipliers
+    "llama-3.2-1b-shrunk": ml.MODELS["llama-3.2-1b"].replace(
+        dim=128, n_layers=2, n_heads=8, n_kv_heads=2, vocab_size=512, multiple_of=32, max_seq_len=256
+    ),
+    "llama-3.2-3b-shrunk": ml.MODELS["llama-3.2-3b"].replace(
+        dim=96, n_layers=3, n_heads=6, n_kv_heads=2, vocab_size=512, multiple_of=32, max_seq_len=256
+    ),
 }
 
 
@@ -77,7 +85,7 @@ def to_hf(model: ml.Transformer):
         num_key_value_heads=a.n_kv_heads,
         max_position_embeddings=a.max_seq_len,
         rms_norm_eps=a.norm_eps,
-        tie_word_embeddings=False,
+        tie_word_embeddings=a.tie_embeddings,
         rope_parameters={
             "rope_type": "llama3",
             "rope_theta": a.rope_theta,
@@ -117,6 +125,7 @@ def to_hf(model: ml.Transformer):
                 w = hf_permute(w, a.n_kv_heads)
             new[f"model.layers.{i}.{theirs}.weight"] = w
     hf.load_state_dict(new, strict=True)
+    assert (hf.lm_head.weight is hf.model.embed_tokens.weight) == a.tie_embeddings
     return hf
 
 

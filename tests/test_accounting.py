@@ -7,6 +7,11 @@ PUBLISHED = {
     "llama-3.1-8b": 8_030_261_248,
     "llama-3.1-70b": 70_553_706_496,
     "llama-3.1-405b": 405_853_388_800,
+    # Llama 3.2: the totals of the published safetensors (Hugging Face meta-llama/Llama-3.2-1B and -3B),
+    # the tied head counted once; Llama 3.3 70B has the 3.1 70B's shape
+    "llama-3.2-1b": 1_235_814_400,
+    "llama-3.2-3b": 3_212_749_824,
+    "llama-3.3-70b": 70_553_706_496,
 }
 
 
@@ -22,7 +27,8 @@ def test_totals_match_published_and_the_module(name):
     assert count.feed_forward == sum(p.numel() for p in block.feed_forward.parameters())
     assert count.norms == block.attention_norm.weight.numel() + block.ffn_norm.weight.numel()
     assert count.embedding == model.tok_embeddings.weight.numel()
-    assert count.output == model.output.weight.numel()
+    assert count.output == (0 if args.tie_embeddings else model.output.weight.numel())
+    assert (model.output.weight is model.tok_embeddings.weight) == args.tie_embeddings
     assert count.total == sum(p.numel() for p in model.parameters())
     assert count.table()[-1] == ("Total", "", count.total)
     assert sum(row[2] for row in count.table()[:-1]) == count.total
@@ -55,3 +61,13 @@ def test_flops_per_token():
     matmul_weights = PUBLISHED["llama-3.1-8b"] - 128_256 * 4096 - (2 * 32 + 1) * 4096
     assert ml.flops_per_token(args, context=0) == 2 * matmul_weights
     assert ml.flops_per_token(args, 1000) - ml.flops_per_token(args, 0) == 32 * 4 * 32 * 128 * 1000
+
+
+def test_a_tied_head_is_stored_once_but_read_and_multiplied_in_full():
+    tied, untied = ml.MODELS["llama-3.2-1b"], ml.MODELS["llama-3.2-1b"].replace(tie_embeddings=False)
+    head = tied.dim * tied.vocab_size  # 2,048 x 128,256
+    assert ml.count_parameters(untied).total - ml.count_parameters(tied).total == head
+    assert ml.weight_bytes(untied) - ml.weight_bytes(tied) == 2 * head
+    # a decode step reads the head either way; untied it also reads one embedding row
+    assert ml.decode_step_bytes(untied, 100) - ml.decode_step_bytes(tied, 100) == 2 * tied.dim
+    assert ml.flops_per_token(untied, 100) == ml.flops_per_token(tied, 100)

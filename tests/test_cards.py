@@ -142,6 +142,9 @@ def test_model_card_totals():
         ("llama-3.1-8b", 8_030_261_248),
         ("llama-3.1-70b", 70_553_706_496),
         ("llama-3.1-405b", 405_853_388_800),
+        ("llama-3.2-1b", 1_235_814_400),
+        ("llama-3.2-3b", 3_212_749_824),
+        ("llama-3.3-70b", 70_553_706_496),
     ]:
         assert card("model", ml.MODELS[key]).parameters.total == total
 
@@ -494,3 +497,21 @@ def test_model_card_decode_floor_excludes_the_embedding_table():
     assert "except the embedding table (1,002 MiB), of which a sequence reads only its token's row" in text
     assert "reads every weight once and the cache" not in text
     assert "decode_step_bytes" not in card("model", B8, mode="prefill", positions=1000).facts
+
+
+@pytest.mark.parametrize("key", ["llama-3.2-1b", "llama-3.2-3b"])
+def test_cards_show_the_tied_head(key):
+    a = ml.MODELS[key]
+    head = card("output", a, mode="decode", positions=1000)
+    assert head.parameters.total == 0  # counted once, in the embedding
+    text = str(head)
+    assert f"tied: the embedding's 128,256 × {a.dim:,}" in text and "shared with the embedding" in text
+    assert "the tied head and RoPE factor 32 from the published Hugging Face config.json" in text
+    assert "untied" not in text.lower()
+    assert "same matrix (tied)" in str(card("embedding", a))
+    whole = card("model", a, mode="decode", positions=1000)
+    assert "an output head tied to it" in str(whole) and "untied" not in str(whole).lower()
+    # the head reads the whole embedding matrix every step: the floor is every weight plus the cache
+    kv = 2 * a.n_layers * a.n_kv_heads * a.head_dim * 2 * 1001
+    assert whole.facts["decode_step_bytes"] == ml.count_parameters(a).total * 2 + kv
+    assert [s.key for s in whole.sources if s.key.startswith("config")] == [f"config-{key[6:]}"]

@@ -441,3 +441,91 @@ def test_unsupported_hf_configs(hf_checkpoint, change, message):
     config = {**json.loads((path / "config.json").read_text()), **change}
     with pytest.raises(ValueError, match=message):
         args_from_hf_config(config)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# tied heads: Llama 3.2 1B and 3B
+
+# Meta's params.json of the two (the arch_args of llama-models 0.3.0 `sku_list.py` 329-362): no word of
+# the tie or of the RoPE factor 32
+LLAMA_3_2_PARAMS = {
+    "llama-3.2-1b": {"dim": 2048, "n_layers": 16, "n_heads": 32, "n_kv_heads": 8, "ffn_dim_multiplier": 1.5},
+    "llama-3.2-3b": {"dim": 3072, "n_layers": 28, "n_heads": 24, "n_kv_heads": 8, "ffn_dim_multiplier": 1.0},
+}
+COMMON_3_2 = {"vocab_size": 128256, "multiple_of": 256, "norm_eps": 1e-5, "rope_theta": 500000.0}
+
+
+@pytest.mark.parametrize("name", LLAMA_3_2_PARAMS)
+def test_llama_3_2_params_json_reads_as_the_catalogue_entry(name):
+    from llama_models.sku_list import resolve_model
+
+    params = {**LLAMA_3_2_PARAMS[name], **COMMON_3_2, "use_scaled_rope": True}
+    meta = resolve_model(name.replace("llama-", "Llama").replace("-1b", "-1B").replace("-3b", "-3B"))
+    assert {k: meta.arch_args[k] for k in params} == params  # the same numbers as Meta's catalogue
+    args = ml.checkpoint.args_from_meta_params(params)
+    assert args == ml.MODELS[name]
+    assert args.tie_embeddings and args.rope_scale_factor == 32.0
+
+
+@pytest.mark.parametrize("name", LLAMA_3_2_PARAMS)
+def test_llama_3_2_hf_config_reads_as_the_catalogue_entry(name):
+    args = ml.MODELS[name]
+    config = ml.checkpoint.hf_config(args)
+    del config["minillama"]  # as published: no minillama keys
+    assert config["tie_word_embeddings"] is True and config["rope_scaling"]["factor"] == 32.0
+    assert config["intermediate_size"] == 8192
+    assert args_from_hf_config(config) == args
+
+
+def tied_meta_checkpoint(path, model, head=None):
+    a = model.args
+    params = {k: getattr(a, k) for k in ("dim", "n_layers", "n_heads", "n_kv_heads", "vocab_size")}
+    params |= {
+        k: getattr(a, k)
+        for k in ("multiple_of", "ffn_dim_multiplier", "norm_eps", "rope_theta", "max_seq_len")
+    }
+    state = {k: v.clone() for k, v in model.state_dict().items() if k != "output.weight"}
+    if head is not None:
+        state["output.weight"] = head
+    return write_meta(path, [state], {**params, "use_scaled_rope": True})
+
+
+def test_meta_checkpoint_of_a_tied_model(monkeypatch, tmp_path, note):
+    """A Meta checkpoint of a catalogue shape that ties its head, with the head stored or not."""
+    from conftest import CONFIGS, to_hf
+
+    args = CONFIGS["llama-3.2-1b-shrunk"]
+    monkeypatch.setitem(ml.MODELS, "shrunk-1b", args)  # the catalogue is what says "tied" for Meta's files
+    model = random_model(args)
+    hf = to_hf(model)
+    tokens = tokens_for(args.vocab_size)
+    embedding = model.tok_embeddings.weight.detach()
+    for stored in (None, embedding.clone()):
+        path = tied_meta_checkpoint(tmp_path / f"head-{stored is not None}", model, stored)
+        loaded = ml.load(path, progress=False)
+        assert loaded.args == args and loaded.output.weight is loaded.tok_embeddings.weight
+        with torch.no_grad():
+            assert note("transformers, tied, Meta layout", rel_err(loaded(tokens), hf(tokens).logits)) < 1e-5
+    path = tied_meta_checkpoint(tmp_path / "other-head", model, embedding + 1)
+    with pytest.raises(ValueError, match="ties the output head.*differs from tok_embeddings"):
+        ml.load(path, progress=False)
+
+
+@pytest.mark.parametrize("name", ["llama-3.2-1b-shrunk", "llama-3.2-3b-shrunk"])
+def test_save_round_trips_a_tied_model(name, tmp_path, note):
+    from conftest import CONFIGS
+    from transformers import LlamaForCausalLM
+
+    model = random_model(CONFIGS[name])
+    ml.save(model, tmp_path)
+    stored = load_file(tmp_path / "model.safetensors")
+    assert "lm_head.weight" not in stored and "model.embed_tokens.weight" in stored  # written once
+    back = ml.load(tmp_path, progress=False)
+    assert back.args == model.args and back.output.weight is back.tok_embeddings.weight
+    for key, w in model.state_dict().items():
+        assert torch.equal(back.state_dict()[key], w), key
+    hf = LlamaForCausalLM.from_pretrained(tmp_path).eval()
+    assert hf.lm_head.weight is hf.model.embed_tokens.weight
+    tokens = tokens_for(model.args.vocab_size)
+    with torch.no_grad():
+        assert note("transformers reads a tied ml.save", rel_err(model(tokens), hf(tokens).logits)) < 1e-5

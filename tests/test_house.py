@@ -87,7 +87,7 @@ def test_ci_runs_the_readme_test_command():
 
 def test_gitignore_covers_build_outputs():
     ignored = set((ROOT / ".gitignore").read_text().split())
-    for entry in (".venv/", "_build/", ".jupyter_cache/", "checkpoints/"):
+    for entry in (".venv/", ".cache/", "_build/", ".jupyter_cache/", "checkpoints/"):
         assert entry in ignored, f".gitignore lacks {entry}"
 
 

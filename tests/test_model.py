@@ -143,10 +143,32 @@ def test_decode_step_compiles_once_for_all_positions():
 
 
 def test_meta_device_builds_every_size():
-    for name in ["llama-3.1-8b", "llama-3.1-70b", "llama-3.1-405b"]:
+    for name in ml.MODELS:
         with torch.device("meta"):
             model = ml.Transformer(ml.MODELS[name])
         assert sum(p.numel() for p in model.parameters()) == ml.count_parameters(ml.MODELS[name]).total
+
+
+def test_tied_head_is_one_parameter_and_trains_as_one():
+    model = random_model(CONFIGS["llama-3.2-1b-shrunk"])
+    assert model.output.weight is model.tok_embeddings.weight
+    names = [name for name, _ in model.named_parameters()]
+    assert "tok_embeddings.weight" in names and "output.weight" not in names
+    assert sum(p.numel() for p in model.parameters()) == ml.count_parameters(model.args).total
+    tokens = torch.randint(0, 512, (1, 12), generator=torch.Generator().manual_seed(4))
+    model(tokens).logsumexp(-1).sum().backward()  # the head's and the embedding's gradients add up in one
+    assert model.tok_embeddings.weight.grad is model.output.weight.grad
+
+
+def test_llama_3_2_rope_factor_32_matters():
+    """The same tied weights in transformers with Llama 3.1's factor 8 give other logits at 250 positions."""
+    model = random_model(CONFIGS["llama-3.2-1b-shrunk"])
+    wrong = to_hf(random_model(model.args.replace(rope_scale_factor=8.0)))
+    right = to_hf(model)
+    tokens = torch.randint(0, 512, (1, 250), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        assert rel_err(model(tokens), right(tokens).logits) < 1e-5
+        assert rel_err(model(tokens), wrong(tokens).logits) > 1e-3
 
 
 def test_errors_name_the_problem():

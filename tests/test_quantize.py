@@ -297,3 +297,21 @@ def test_cards_show_quantised_bytes_when_a_format_is_given():
     )  # 218,103,808 codes + 43,008 row scales · 2 B + 8,192 gains · 2 B
     with pytest.raises(ValueError, match="unknown format 'int3'"):
         ml.card("model", a, format="int3")
+
+
+@pytest.mark.parametrize("fmt,extra", [("int8", []), ("int4", ["--group-size", "32"])])
+def test_cli_generate_quantize(tmp_path, capsys, fmt, extra):
+    from minillama.__main__ import main
+
+    args = ml.ModelArgs(dim=64, n_layers=1, n_heads=4, n_kv_heads=2, multiple_of=32, max_seq_len=64)
+    model = random_model(args)
+    ml.save(model, tmp_path)
+    tok = ml.Tokenizer.default()
+    want = ml.generate(ml.quantize(model, fmt, group_size=32 if fmt == "int4" else None), ["hi"],
+                       max_new_tokens=5, tokenizer=tok)[0]  # fmt: skip
+    code = main(["generate", "--checkpoint", str(tmp_path), "--prompt", "hi", "--max-new-tokens", "5",
+                 "--temperature", "0", "--quiet", "--quantize", fmt, *extra])  # fmt: skip
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    assert out.out == tok.decode(want) + "\n"
+    assert f"{fmt}{' g32' if fmt == 'int4' else ''} weights" in out.err

@@ -26,6 +26,9 @@ EXPECTED = {
         '"multiple_of": 1024',
     ],
     "config-70b": ["LLAMA3_VOCAB_SIZE", "llama3_1_70b", '"dim": 8192', '"n_layers": 80', '"n_heads": 64'],
+    "config-3.2-1b": ["llama3_2_1b", '"dim": 2048', '"n_layers": 16', '"ffn_dim_multiplier": 1.5'],
+    "config-3.2-3b": ["llama3_2_3b", '"dim": 3072', '"n_layers": 28', '"n_heads": 24'],
+    "config-3.3-70b": ["llama3_3_70b_instruct", '"dim": 8192', '"n_layers": 80', '"multiple_of": 4096'],
     "config-405b": [
         "llama3_1_405b",
         "bf16-mp8",

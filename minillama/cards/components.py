@@ -24,10 +24,12 @@ def embedding(c: Ctx) -> dict:
     tokens = NamedTensor(SYMBOLS["tokens"], (c.B, pos_axis(c.t)), "int64 ids", "tokens")
     rows = (("Token embedding", f"{commas(a.vocab_size)} × {commas(a.dim)}", count.embedding),)
     emb = meta_model(a).tok_embeddings
-    lookup = (
-        f"A lookup reads one row per position: {format_bytes(a.dim * BYTES_16)} at 16-bit. "
-        f"The output head is a separate (untied) {commas(a.dim)} × {commas(a.vocab_size)} matrix."
+    head = (
+        "The output head is this same matrix (tied): it is stored and counted once, here."
+        if a.tie_embeddings
+        else f"The output head is a separate (untied) {commas(a.dim)} × {commas(a.vocab_size)} matrix."
     )
+    lookup = f"A lookup reads one row per position: {format_bytes(a.dim * BYTES_16)} at 16-bit. {head}"
     return {
         "subtitle": "Looks up one learned d-wide row per token id.",
         "where": "before the blocks · tok_embeddings",
@@ -214,9 +216,18 @@ def output(c: Ctx) -> dict:
     logits = NamedTensor(
         SYMBOLS["logits"], (c.B, pos_axis(c.t), vocab), "float32 after the model's cast", "output:out"
     )
-    rows = (("Output head", f"{commas(a.dim)} × {commas(a.vocab_size)}", count.output),)
+    head = meta_model(a).output
+    tied = a.tie_embeddings
+    calc = f"tied: the embedding's {commas(a.vocab_size)} × {commas(a.dim)}" if tied else None
+    rows = (("Output head", calc or f"{commas(a.dim)} × {commas(a.vocab_size)}", count.output),)
+    shared = a.dim * a.vocab_size * BYTES_16
     figures = (
-        ("Weights · 16-bit", format_bytes(count.output * BYTES_16)),
+        (
+            "Weights · 16-bit",
+            f"{format_bytes(shared)} shared with the embedding"
+            if tied
+            else format_bytes(count.output * BYTES_16),
+        ),
         ("Logits per position · float32", format_bytes(a.vocab_size * BYTES_32)),
     )
     return {
@@ -224,9 +235,17 @@ def output(c: Ctx) -> dict:
         "where": "after the final norm · output",
         "inputs": [x_tensor(c, "h_hat", "output:in")],
         "outputs": [logits],
-        "parameters": params(rows, count.output, 1, numel(meta_model(a).output), a, word=""),
+        "parameters": params(rows, count.output, 1, 0 if tied else numel(head), a, word=""),
         "numbers": [
-            Figure("Weights and logits", figures, ("Untied: a separate matrix from the token embedding.",))
+            Figure(
+                "Weights and logits",
+                figures,
+                (
+                    "Tied: the token embedding's matrix, read in full at every step (its parameters are counted in the embedding)."
+                    if tied
+                    else "Untied: a separate matrix from the token embedding.",
+                ),
+            )
         ],
         "sources": sources(a, "transformer", "logits", "config"),
     }
@@ -235,9 +254,18 @@ def output(c: Ctx) -> dict:
 def _decode_floor_text(c: Ctx, floor: int) -> str:
     """What the decode floor counts: every weight but the embedding table (a token reads one row of it)."""
     a, count = c.args, c.count
+    kv = kv_cache_bytes(a, c.keys)
+    if a.tie_embeddings:
+        weights = count.total * BYTES_16
+        if weights + kv != floor:
+            raise RuntimeError(f"decode floor {floor:,} B != {weights:,} + {kv:,} B")
+        return (
+            "A decode step's floor reads every weight once, the embedding table in full: it is also the "
+            f"output head (tied). {format_bytes(weights)} of weights + {format_bytes(kv)} of KV cache "
+            f"= {format_bytes(floor)}."
+        )
     matrices = (count.total - count.embedding) * BYTES_16
     row = a.dim * BYTES_16
-    kv = kv_cache_bytes(a, c.keys)
     if matrices + row + kv != floor:  # accounting.decode_step_bytes and this sentence must agree
         raise RuntimeError(f"decode floor {floor:,} B != {matrices:,} + {row:,} + {kv:,} B")
     return (
@@ -281,7 +309,8 @@ def model(c: Ctx) -> dict:
         SYMBOLS["logits"], (c.B, pos_axis(c.t), Axis(a.vocab_size, "vocab")), "float32", ":out"
     )
     return {
-        "subtitle": f"{a.n_layers} blocks between an embedding and an untied output head.",
+        "subtitle": f"{a.n_layers} blocks between an embedding and "
+        + ("an output head tied to it." if a.tie_embeddings else "an untied output head."),
         "where": "tokens → logits · Transformer",
         "inputs": [NamedTensor(SYMBOLS["tokens"], (c.B, pos_axis(c.t)), "int64 ids", "tokens")],
         "outputs": [logits],

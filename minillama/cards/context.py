@@ -20,7 +20,14 @@ from .trace import meta_model
 
 MODES = ("full", "prefill", "decode")
 MODE_TITLES = {"full": "Full sequence", "prefill": "Prefill", "decode": "Decode"}
-_CATALOGUE = {"llama-3.1-8b": "config", "llama-3.1-70b": "config-70b", "llama-3.1-405b": "config-405b"}
+_CATALOGUE = {
+    "llama-3.1-8b": "config",
+    "llama-3.1-70b": "config-70b",
+    "llama-3.1-405b": "config-405b",
+    "llama-3.2-1b": "config-3.2-1b",
+    "llama-3.2-3b": "config-3.2-3b",
+    "llama-3.3-70b": "config-3.3-70b",
+}
 
 
 @dataclass(frozen=True)
@@ -136,6 +143,11 @@ def _config_source(args: ModelArgs) -> list[Source]:
 
 
 def _config_note(args: ModelArgs) -> str:
+    if _config_source(args) and args.tie_embeddings:
+        return (
+            "Dimensions from Meta's pinned catalogue; the tied head and RoPE factor 32 from the published "
+            "Hugging Face config.json (tie_word_embeddings, rope_scaling.factor), which the catalogue omits."
+        )
     if _config_source(args):
         return "Dimensions from Meta's pinned catalogue; checkpoint tensors are not counted here."
     return "A configuration outside Meta's catalogue: every figure follows from the config given."
@@ -145,6 +157,8 @@ def sources(args: ModelArgs, *keys: str) -> list[Source]:
     """The pinned sources of `keys`; "config" stands for the catalogue entry of `args`, if it has one."""
     out = []
     for key in keys:
+        if key == "transformer" and args.tie_embeddings:
+            continue  # Meta's llama3 Transformer has an untied head: not a source for a tied model
         out += _config_source(args) if key == "config" else [SOURCES[key]]
     return out
 

@@ -33,6 +33,20 @@ def _catalogue_name(args: ModelArgs, default: str) -> str:
     return default
 
 
+def _from_catalogue(args: ModelArgs) -> ModelArgs:
+    """Meta's params.json names neither the RoPE scale factor nor a tied head: a shape of the catalogue
+    (Llama 3.2 1B/3B: factor 32, tied) takes both from there; any other shape keeps factor 8, untied."""
+    for known in MODELS.values():
+        fields = {"name": args.name, "rope_scale_factor": args.rope_scale_factor, "tie_embeddings": False}
+        if known.replace(**fields) == args.replace(tie_embeddings=False):
+            return args.replace(
+                name=known.name,
+                rope_scale_factor=known.rope_scale_factor,
+                tie_embeddings=known.tie_embeddings,
+            )
+    return args.replace(name="custom")
+
+
 def args_from_hf_config(config: dict, source: str = HF_CONFIG) -> ModelArgs:
     """ModelArgs from a Hugging Face Llama `config.json` (transformers 4.x or 5.x keys)."""
 
@@ -87,6 +101,7 @@ def args_from_hf_config(config: dict, source: str = HF_CONFIG) -> ModelArgs:
         use_scaled_rope=rope_type == "llama3",
         max_seq_len=int(config.get("max_position_embeddings", 131_072)),
         hidden_dim=need("intermediate_size"),
+        tie_embeddings=bool(config.get("tie_word_embeddings", False)),  # transformers' default: untied
         **scaled,
     )
     rules = [
@@ -123,12 +138,13 @@ def args_from_meta_params(params: dict, source: str = META_PARAMS) -> ModelArgs:
     fields.setdefault("multiple_of", 256)  # Meta's ModelArgs default
     # Llama 3.1 (scaled RoPE) reads 128K positions; Llama 3 was trained at 8K
     fields.setdefault("max_seq_len", 131_072 if fields["use_scaled_rope"] else 8192)
-    args = ModelArgs(**fields)
-    return args.replace(name=_catalogue_name(args, "custom"))
+    return _from_catalogue(ModelArgs(**fields))
 
 
-def hf_config(args: ModelArgs, dtype: torch.dtype = torch.bfloat16, tied: bool = False) -> dict:
-    """A transformers 4.x-style `config.json` (the published Llama 3.1 layout) for `args`."""
+def hf_config(args: ModelArgs, dtype: torch.dtype = torch.bfloat16, tied: bool | None = None) -> dict:
+    """A transformers 4.x-style `config.json` (the published Llama 3.1 layout) for `args`; `tied` None:
+    `args.tie_embeddings`."""
+    tied = args.tie_embeddings if tied is None else tied
     rope_scaling = None
     if args.use_scaled_rope:
         rope_scaling = {

@@ -43,6 +43,16 @@ def _resolve_dtype(dtype) -> torch.dtype | None:
     return dtype
 
 
+def _check_tied_head(state: dict, path) -> None:
+    """A tied checkpoint may store the head too (Meta's files): it must then equal the embedding."""
+    head, embedding = state.get("output.weight"), state["tok_embeddings.weight"]
+    if head is not None and head is not embedding and not torch.equal(head, embedding):
+        raise ValueError(
+            f"{path}: the config ties the output head to the embedding, but the checkpoint's "
+            f"output.weight differs from tok_embeddings.weight; untie it in the config or fix the weights"
+        )
+
+
 def load(
     path: str | os.PathLike,
     device: str | torch.device = "cpu",
@@ -61,9 +71,7 @@ def load(
     args = load_args(root)
     if max_seq_len is not None:
         args = args.replace(max_seq_len=max_seq_len)
-    tied = False
-    if layout == "hf":
-        tied = bool(read_json(root / HF_CONFIG).get("tie_word_embeddings", False))
+    tied = args.tie_embeddings  # HF: tie_word_embeddings; Meta: the catalogue (Llama 3.2 1B/3B)
     with torch.device("meta"):
         model = Transformer(args)
     quantization = read_json(root / HF_CONFIG).get("minillama", {}).get("quantization") if layout == "hf" else None
@@ -76,8 +84,9 @@ def load(
     if layout == "hf":
         state = read_hf(root, args, expected, device, dtype, progress, tied, codes)
     else:
-        state = read_meta(root, args, expected, device, dtype, progress)
+        state = read_meta(root, args, expected, device, dtype, progress, tied)
     if tied:
+        _check_tied_head(state, path)
         state["output.weight"] = state["tok_embeddings.weight"]
     model.load_state_dict(state, assign=True, strict=True)
     if tied:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from tqdm import tqdm  # plain bars: tqdm.auto warns in kernels without ipywidgets
 
 from ..config import ModelArgs
@@ -23,12 +23,22 @@ _SAFETENSORS_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch
 _SAFETENSORS_DTYPES.update({"I8": torch.int8, "U8": torch.uint8})
 
 
+def _open_safetensors(file: Path):
+    try:
+        return safe_open(file, framework="pt")
+    except SafetensorError as error:
+        raise ValueError(
+            f"{file} could not be read as safetensors ({error}): the file is damaged or incomplete; "
+            f"download it again"
+        ) from None
+
+
 def read_hf(root: Path, args: ModelArgs, expected: dict, device, dtype, progress, tied, codes=None) -> dict:
     files = hf_files(root)
     config = str(root / HF_CONFIG)
     found, stored = {}, {}  # Meta name -> (shape, dtype, where); Meta name -> (file, HF name)
     for file in files:
-        with safe_open(file, framework="pt") as f:
+        with _open_safetensors(file) as f:
             for hf_name in f.keys():  # noqa: SIM118 (safe_open is not iterable)
                 if IGNORED.search(hf_name):
                     continue

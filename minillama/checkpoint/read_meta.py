@@ -48,7 +48,7 @@ def _shard_dim(name: str, pieces: list[tuple], full: tuple) -> int | None:
     return None
 
 
-def read_meta(root: Path, args: ModelArgs, expected: dict, device, dtype, progress) -> dict:
+def read_meta(root: Path, args: ModelArgs, expected: dict, device, dtype, progress, tied=False) -> dict:
     config = str(root / META_PARAMS)
     paths = meta_shards(root)
     names = [p.name for p in paths]
@@ -83,7 +83,7 @@ def read_meta(root: Path, args: ModelArgs, expected: dict, device, dtype, progre
                 shape = list(pieces[0])
                 shape[dim] = sum(p[dim] for p in pieces)
         found[name] = (tuple(shape), first[name].dtype, where)
-    check_tensors(found, expected, args, config, hf=False, tied=False)
+    check_tensors(found, expected, args, config, hf=False, tied=tied)
     dtype = dtype or found["tok_embeddings.weight"][1]
     if len(shards) == 1:  # views of the mapped file (copied only to change dtype or device)
         return {

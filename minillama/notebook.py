@@ -1,0 +1,85 @@
+"""What the chapters' notebooks ask of the machine they run on: the device, and the GPU branches.
+
+Some cells only run on a GPU (the real 8B checkpoint in chapter 6, the live GPU measurements of
+chapters 7 and 8). A CPU would never execute them, so a typo there would reach GPU readers first. One
+switch makes a CPU take those branches with a small stand-in shape, so the tests execute every line:
+
+    MINILLAMA_GPU_BRANCHES=cpu   take the GPU branches on the CPU, with stand-in shapes
+
+On a real GPU the switch changes nothing. A notebook writes `if ml.notebook.gpu_branch():` where it
+would write `if device == "cuda":`, passes its real shape through `ml.notebook.stand_in(args)` and its
+token count through `ml.notebook.tokens(n)`, and asks `ml.notebook.checkpoint()` for the checkpoint
+folder (`MINILLAMA_CHECKPOINT`).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import torch
+
+from .config import MODELS, ModelArgs
+
+SWITCH = "MINILLAMA_GPU_BRANCHES"
+CHECKPOINT = "MINILLAMA_CHECKPOINT"
+# the stand-in keeps the real model's structure (GQA groups, scaled RoPE, tied head or not) at a size a
+# CPU runs in a second, in bfloat16 too (no bf16 matrix units here: ~40x slower than float32 per weight),
+# so the vocabulary shrinks as well; a checkpoint stand-in keeps the real one for the tokenizer
+STAND_IN = dict(
+    dim=256, n_layers=2, n_heads=8, n_kv_heads=2, multiple_of=256, vocab_size=2048, max_seq_len=1024
+)
+
+
+def cpu_stand_in() -> bool:
+    """True when `MINILLAMA_GPU_BRANCHES=cpu` asks a machine without CUDA to take the GPU branches."""
+    value = os.environ.get(SWITCH, "").strip().lower()
+    if value not in ("", "cpu"):
+        raise ValueError(f"{SWITCH}={value!r} is not understood; set it to 'cpu' or leave it unset")
+    return value == "cpu" and not torch.cuda.is_available()
+
+
+def device() -> str:
+    """The device a notebook computes on: "cuda" with a GPU, else "cpu" (the stand-in runs there too)."""
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def gpu_branch() -> bool:
+    """Whether a notebook takes its GPU branch: a GPU is present, or the CPU stands in for one."""
+    return torch.cuda.is_available() or cpu_stand_in()
+
+
+def gpu_memory() -> int:
+    """Bytes of memory on GPU 0; under the CPU stand-in 0, so the branch for small cards runs too."""
+    return torch.cuda.get_device_properties(0).total_memory if torch.cuda.is_available() else 0
+
+
+def stand_in(args: ModelArgs | str) -> ModelArgs:
+    """`args` on a GPU; under the CPU stand-in, the same family at a CPU size (name says so)."""
+    args = MODELS[args] if isinstance(args, str) else args
+    if not cpu_stand_in():
+        return args
+    return args.replace(**STAND_IN, name=f"{args.name} (CPU stand-in)")
+
+
+def tokens(n: int) -> int:
+    """`n` new tokens to measure on a GPU; under the CPU stand-in at most 16 (bfloat16 steps are slow there)."""
+    return min(n, 16) if cpu_stand_in() else n
+
+
+def checkpoint(family: str = "llama-3.1-8b") -> str | None:
+    """The folder in `MINILLAMA_CHECKPOINT`; under the CPU stand-in without one, a small random
+    checkpoint of `family`'s structure (tied head or not) in a temporary folder, so the loading cell runs."""
+    path = os.environ.get(CHECKPOINT)
+    if path or not cpu_stand_in():
+        return path or None
+    from .checkpoint import save
+    from .model import Transformer
+
+    folder = Path(tempfile.mkdtemp(prefix="minillama-stand-in-"))
+    with torch.random.fork_rng(devices=[]):  # the notebook's own random stream is left as it was
+        torch.manual_seed(0)
+        args = stand_in(family).replace(vocab_size=MODELS[family].vocab_size)  # the real tokenizer's ids
+        save(Transformer(args).to(torch.bfloat16), folder)
+    return str(folder)
