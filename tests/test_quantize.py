@@ -315,3 +315,14 @@ def test_cli_generate_quantize(tmp_path, capsys, fmt, extra):
     assert code == 0, out.err
     assert out.out == tok.decode(want) + "\n"
     assert f"{fmt}{' g32' if fmt == 'int4' else ''} weights" in out.err
+
+
+def test_a_tied_head_quantised_is_a_copy_beside_the_16_bit_embedding():
+    tied = ARGS.replace(tie_embeddings=True)
+    model = ml.quantize(random_model(tied).to(torch.bfloat16), "int8")
+    assert model.output.weight is not model.tok_embeddings.weight and model.output.weight.dtype == torch.int8
+    stored = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+    assert ml.weight_bytes(tied, 2, "int8") == stored
+    # the step reads the quantised head in full and only the batch's rows of the embedding
+    assert ml.decode_step_bytes(tied, 0, format="int8") == stored - 2 * (ARGS.vocab_size - 1) * ARGS.dim
+    assert ml.generate(model, PROMPTS, max_new_tokens=3)
