@@ -109,8 +109,8 @@ import glob, json, sys
 from minillama import bench
 parts_dir, dest = sys.argv[1:]
 parts = [json.load(open(p)) for p in sorted(glob.glob(f"{parts_dir}/[A-E].json"))]
-if not parts:
-    sys.exit("no part finished: nothing to merge")
+if not parts:  # (ONLY=Q: the quantised part is saved on its own, under quantised/)
+    sys.exit(0 if glob.glob(f"{parts_dir}/Q.json") else "no part finished: nothing to merge")
 merged = bench.merge_results(parts)
 path = bench.save_results(merged, f"{dest}/{merged['machine']['slug']}-{merged['machine']['date']}.json")
 print(bench.table(merged))

@@ -282,6 +282,9 @@ def test_bench_quantised_variants_count_their_own_bytes():
         runs["int4-g64"]["bytes_per_step"] < runs["int8"]["bytes_per_step"] < runs["static"]["bytes_per_step"]
     )
     assert "error" not in runs["int8"] and runs["int8"]["decode_ms_per_token"] > 0
+    # the CPU ceiling (the 16-bit matvec) is scaled to the variant's bytes
+    scale = runs["static"]["bytes_per_step"] / runs["int8"]["bytes_per_step"]
+    assert runs["int8"]["roofline_tok_s"] == pytest.approx(1e3 / runs["int8"]["matvec_ms"] * scale)
 
 
 def test_cards_show_quantised_bytes_when_a_format_is_given():

@@ -223,6 +223,8 @@ def _summarise(rec, args, b, prompt_len, new_tokens, context, element, ceilings,
     matvec_s = med["matvec"]
     rec["matvec_ms"] = matvec_s * 1e3
     memory_tok_s = b / matvec_s
+    if rec.get("format"):  # the matvec ran on the 16-bit weights: scale its ceiling to the variant's bytes
+        memory_tok_s *= decode_step_bytes(args, context, b, element) / rec["bytes_per_step"]
     if "copy_bytes_per_s" in ceilings:
         copy_tok_s = ceilings["copy_bytes_per_s"] * b / rec["bytes_per_step"]
         rec["copy_roofline_tok_s"] = copy_tok_s
