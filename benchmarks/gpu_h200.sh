@@ -8,6 +8,9 @@
 #      2, 4, ..., 64 (two compilations: batch 1, then one graph for every larger batch)
 #   C  batch 1: HF static cache + torch.compile (transformers' own compile_config, reduce-overhead)
 #   E  batch 1: torch.compile mode "default" (no CUDA graphs), the waterfall's middle step
+#   Q  batch 1: weight-only quantised copies (chapter 9): int8, int4 g128, each eager and compiled, and
+#      torchao's int8/int4 when torchao is installed, beside bf16 static; written apart from the merged
+#      file (quantised/), so chapters 7-8 read only A-E
 # Every part measures the ceilings again (a few seconds); the seed makes the weights the same in all.
 # Installs nothing from the internet: it uses whichever python has torch with CUDA, installs this
 # checkout with `pip install -e . --no-deps` (falling back to PYTHONPATH), and takes missing pure-python
@@ -15,6 +18,7 @@
 #
 #   bash benchmarks/gpu_h200.sh            # results in $OUT (when set) or benchmarks/results/
 #   BUDGET=400 bash benchmarks/gpu_h200.sh # a tighter overall limit in seconds (default 570)
+#   ONLY=Q bash benchmarks/gpu_h200.sh     # only the named parts (comma-separated), e.g. the quantised one
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -65,6 +69,9 @@ HF=1
 part() {
   local name=$1 planned=$2
   shift 2
+  if [ -n "${ONLY:-}" ] && [[ ",$ONLY," != *",$name,"* ]]; then
+    return
+  fi
   local left=$((BUDGET - SECONDS - 15))
   local limit=$((planned < left ? planned : left))
   if [ "$limit" -lt 90 ]; then
@@ -88,14 +95,22 @@ part A 160 --batch 1 --repeats 3 --variants eager,static,generate$([ $HF = 1 ] &
 part B 250 --batch 1,2,4,8,16,32,64 --repeats 3 --variants compile-reduce-overhead
 [ $HF = 1 ] && part C 150 --batch 1 --repeats 5 --variants hf-compile
 part E 150 --batch 1 --repeats 5 --variants compile
+AO=1
+"$PY" -c "import torchao" 2>/dev/null || { AO=0; echo "torchao is not installed: part Q runs without its variants"; }
+part Q 200 --batch 1 --repeats 3 \
+  --variants static,int8,int8-compile,int4-g128,int4-g128-compile$([ $AO = 1 ] && echo ,torchao-int8,torchao-int4-g128)
+if [ -f "$PARTS/Q.json" ]; then
+  mkdir -p "$DEST/quantised"
+  cp "$PARTS/Q.json" "$DEST/quantised/$(date -u +%F)-gpu.json"
+fi
 
 "$PY" - "$PARTS" "$DEST" <<'EOF'
 import glob, json, sys
 from minillama import bench
 parts_dir, dest = sys.argv[1:]
 parts = [json.load(open(p)) for p in sorted(glob.glob(f"{parts_dir}/[A-E].json"))]
-if not parts:
-    sys.exit("no part finished: nothing to merge")
+if not parts:  # (ONLY=Q: the quantised part is saved on its own, under quantised/)
+    sys.exit(0 if glob.glob(f"{parts_dir}/Q.json") else "no part finished: nothing to merge")
 merged = bench.merge_results(parts)
 path = bench.save_results(merged, f"{dest}/{merged['machine']['slug']}-{merged['machine']['date']}.json")
 print(bench.table(merged))

@@ -107,6 +107,13 @@ def cmd_generate(ns) -> int:
 
             parallelize(model, mesh)
         tokenizer = Tokenizer.default()
+    if ns.quantize is not None:
+        from .quantize import quantize
+
+        try:
+            quantize(model, ns.quantize, group_size=ns.group_size if ns.quantize == "int4" else None)
+        except ValueError as error:
+            raise UsageError(str(error)) from None
     if model.args.vocab_size < tokenizer.n_words:
         raise UsageError(
             f"the model's vocab_size={model.args.vocab_size} is smaller than the tokenizer's {tokenizer.n_words}"
@@ -138,9 +145,10 @@ def cmd_generate(ns) -> int:
         count += 1
         echo(decoder.push(token), end="", flush=True)
     echo(decoder.flush())
-    report = [
-        f"loaded in {loaded - started:.1f} s on {device} ({model.output.weight.dtype})".replace("torch.", "")
-    ]
+    weights = f"{model.tok_embeddings.weight.dtype}".replace("torch.", "")
+    if ns.quantize is not None:
+        weights += f", {ns.quantize}" + (f" g{ns.group_size}" if ns.quantize == "int4" else "") + " weights"
+    report = [f"loaded in {loaded - started:.1f} s on {device} ({weights})"]
     if first is not None:
         report.append(f"prefill {len(ids)} tokens in {(first - start) * 1e3:.0f} ms")
     if count > 1:
@@ -265,6 +273,20 @@ def parser() -> argparse.ArgumentParser:
         default=None,
         metavar="N",
         help="cap the context (rotary tables, largest cache); default: the config's",
+    )
+    g.add_argument(
+        "--quantize",
+        choices=("int8", "int4"),
+        default=None,
+        help="weight-only quantisation after loading (chapter 9): int8 per channel, int4 per group",
+    )
+    g.add_argument(
+        "--group-size",
+        type=int,
+        default=128,
+        choices=(32, 64, 128, 256),
+        metavar="G",
+        help="with --quantize int4: inputs per scale and zero (32, 64, 128 or 256; default 128)",
     )
     g.add_argument("--quiet", action="store_true", help="no progress bar while loading")
     g.add_argument(

@@ -31,11 +31,12 @@ from .models import build_model, hf_peer
 from .report import plot_results, table
 from .results import RESULTS, default_path, headline, load_results, merge_results, ratios, save_results
 from .runner import DTYPES, run
-from .variants import ALIASES, TABLE, VARIANTS, WATERFALL, Timed, Variant, default_variants
+from .variants import ALIASES, QUANTISED, TABLE, VARIANTS, WATERFALL, Timed, Variant, default_variants
 
 __all__ = [
     "ALIASES",
     "DTYPES",
+    "QUANTISED",
     "RESULTS",
     "TABLE",
     "VARIANTS",

@@ -165,13 +165,15 @@ def _measure_batch(out, net, runners, tokens, repeats, timeout, device, say) -> 
     """Warm up, time and summarise every variant at one batch size; the records, in variant order."""
     b, new_tokens = tokens.shape[0], out["config"]["new_tokens"]
     rows = tokens.tolist()
-    records, generated, reference = {}, {}, None
+    records, generated, references = {}, {}, {}
     for v, runner in runners.items():
         rec = records[v] = {"variant": v, "impl": TABLE[v].impl, "batch": b}
+        if TABLE[v].quant is not None:  # a quantised copy: its own bytes, its own tokens to agree with
+            rec["format"], rec["group_size"], rec["backend"] = TABLE[v].quant
         try:
             generated[v] = _warm_up(rec, runner, tokens, rows, new_tokens, timeout, device)
-            if reference is None and rec["impl"] == "minillama":
-                reference = generated[v]
+            if rec["impl"] == "minillama":
+                references.setdefault(TABLE[v].quant, generated[v])
             rec["times"] = {"prefill": [], "decode": [], "generate": []}
         except Exception as error:  # noqa: BLE001 (any failure of one variant, e.g. a compile error, is recorded)
             rec["error"] = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
@@ -190,6 +192,7 @@ def _measure_batch(out, net, runners, tokens, repeats, timeout, device, say) -> 
         _summarise(
             rec, net.args, b, c["prompt_len"], new_tokens, c["context"], element, out["ceilings"], device
         )
+        reference = references.get(TABLE[v].quant)
         if reference is not None:
             n = min(generated[v].shape[1], reference.shape[1])
             rec["same_tokens"] = bool(torch.equal(generated[v][:, :n].cpu(), reference[:, :n].cpu()))
@@ -210,13 +213,18 @@ def _summarise(rec, args, b, prompt_len, new_tokens, context, element, ceilings,
     times = rec["times"]
     med = {k: statistics.median(v) for k, v in times.items() if v}
     steps = new_tokens - 1
-    rec["bytes_per_step"] = decode_step_bytes(args, context, b, element)
+    # a quantised variant reads its weights in its format (scales and zeros at the model's width)
+    rec["bytes_per_step"] = decode_step_bytes(
+        args, context, b, element, format=rec.get("format"), group_size=rec.get("group_size") or 128
+    )
     rec["context"] = context
     rec["generate_ms"] = med["generate"] * 1e3
     rec["generate_tok_s"] = b * new_tokens / med["generate"]
     matvec_s = med["matvec"]
     rec["matvec_ms"] = matvec_s * 1e3
     memory_tok_s = b / matvec_s
+    if rec.get("format"):  # the matvec ran on the 16-bit weights: scale its ceiling to the variant's bytes
+        memory_tok_s *= decode_step_bytes(args, context, b, element) / rec["bytes_per_step"]
     if "copy_bytes_per_s" in ceilings:
         copy_tok_s = ceilings["copy_bytes_per_s"] * b / rec["bytes_per_step"]
         rec["copy_roofline_tok_s"] = copy_tok_s

@@ -16,6 +16,11 @@
                            (`ml.parallelize`, chapter 11): `torchrun --nproc-per-node N -m minillama bench
                            --variants static,tp`; every rank measures, rank 0 reports. The copy needs the
                            model to fit one device twice: a comparison on the same weights, not a 70B loader
+  int8, int4-gN            static on a copy quantised by `ml.quantize` (int8 per channel, int4 in groups of
+                           N = 32, 64, 128, 256), eager: the layers call PyTorch's int8/int4 kernels (chapter 9)
+  int8-compile             the same int8 copy, compiled (mode "default"); int4-g128-compile likewise
+  torchao-int8             `ml.quantize(..., backend="torchao")`, compiled as torchao intends;
+  torchao-int4-g128        on a CPU its prototype int4 layout
 
 A variant is a `Variant(impl, make)`: `make(model, hf, device)` returns a runner once per benchmark run,
 and `runner.run(tokens, rows, new_tokens, warm)` generates `new_tokens` per row and returns `Timed`
@@ -33,6 +38,7 @@ from typing import NamedTuple
 import torch
 
 from ..generate import decode_one_token, generate, prefill
+from ..quantize import quantize
 from .timing import mark, spans, wall
 
 
@@ -189,6 +195,22 @@ def tensor_parallel(model, device: torch.device) -> Loop:
 class Variant(NamedTuple):
     impl: str  # "minillama" or "hf": which side of the comparison
     make: Callable  # (model, hf peer or None, device) -> a runner with .run(...) and .compiled
+    quant: tuple | None = None  # (format, group_size, backend) of a quantised copy; None: the model as is
+
+
+def _quantised(fmt: str, group_size: int | None, backend: str = "minillama", compile_mode=None) -> Variant:
+    """A variant that runs the static loop on a quantised copy of the benchmark's model (its own cache)."""
+
+    def make(model, hf, device):
+        import copy
+
+        shape = model.cache_shape
+        q = quantize(copy.deepcopy(model), fmt, group_size=group_size, backend=backend)
+        if shape is not None:
+            q.setup_cache(*shape)
+        return Loop(q, device, compile_mode=compile_mode)
+
+    return Variant("minillama", make, (fmt, group_size, backend))
 
 
 TABLE: dict[str, Variant] = {
@@ -207,7 +229,15 @@ TABLE: dict[str, Variant] = {
     "hf-static": Variant("hf", lambda m, hf, d: HFGenerate(hf, d, cache="static")),
     "hf-compile": Variant("hf", lambda m, hf, d: HFGenerate(hf, d, cache="compile")),
     "tp": Variant("minillama", lambda m, hf, d: tensor_parallel(m, d)),
+    "int8": _quantised("int8", None),
+    "int8-compile": _quantised("int8", None, compile_mode="default"),
+    **{f"int4-g{g}": _quantised("int4", g) for g in (32, 64, 128, 256)},
+    "int4-g128-compile": _quantised("int4", 128, compile_mode="default"),
+    "torchao-int8": _quantised("int8", None, "torchao", compile_mode="default"),
+    "torchao-int4-g128": _quantised("int4", 128, "torchao", compile_mode="default"),
 }
+# weight-only quantised variants (chapter 9): not in the defaults, asked for by name
+QUANTISED = tuple(v for v, variant in TABLE.items() if variant.quant is not None)
 VARIANTS = tuple(TABLE)
 ALIASES = {"compile-default": "compile"}
 # the order the chapters' waterfall adds them in

@@ -51,15 +51,23 @@ def _finish(card: Card, c: Ctx) -> Card:
 
 
 def card(
-    name: str, args: ModelArgs, mode: str = "decode", positions: int = 1000, batch: int | str = "B"
+    name: str,
+    args: ModelArgs,
+    mode: str = "decode",
+    positions: int = 1000,
+    batch: int | str = "B",
+    format: str | None = None,
+    group_size: int = 128,
 ) -> Card:
     """The card of a component: one of `COMPONENTS` ("embedding", "attention_norm", "ffn_norm", "norm",
     "rope", "attention", "kv_cache", "feed_forward", "block", "output", "model").
 
     `mode`: "full", "prefill" or "decode". `positions`: P cached positions in decode (L = P + 1 keys
-    read), T new positions otherwise. `batch`: a symbol such as "B", or an int."""
+    read), T new positions otherwise. `batch`: a symbol such as "B", or an int. `format`: "int8" or
+    "int4" (with `group_size`) adds the bytes of weight-only quantised weights (chapter 9) to the
+    block and model cards."""
     validate(name, COMPONENTS, "card", args, mode, positions, batch)
-    c = make_ctx(args, mode, positions, batch)
+    c = make_ctx(args, mode, positions, batch, format, group_size)
     return _finish(_assemble(name, c), c)
 
 

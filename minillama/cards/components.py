@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 
-from ..accounting import decode_step_bytes, flops_per_token, kv_cache_bytes, weight_bytes
+from ..accounting import decode_step_bytes, flops_per_token, kv_cache_bytes, linear_bytes, weight_bytes
 from ..config import ModelArgs
 from ..rope import inv_freq
 from .card import Figure, Parameters
@@ -194,6 +194,11 @@ def block(c: Ctx) -> dict:
         ("Feed-forward share", f"{count.feed_forward / count.per_block:.1%}"),
         ("KV cache per token · 16-bit", format_bytes(kv_cache_bytes(a.replace(n_layers=1), 1))),
     )
+    if c.format:  # the seven matrices in the format, the two norm gains still 16-bit
+        q, kv, f = a.n_heads * a.head_dim, a.n_kv_heads * a.head_dim, a.ffn_hidden_dim
+        shapes = [(q, a.dim), (kv, a.dim), (kv, a.dim), (a.dim, q), (f, a.dim), (f, a.dim), (a.dim, f)]
+        quantised = sum(linear_bytes(o, i, c.format, c.group_size) for o, i in shapes) + count.norms * BYTES_16
+        figures = (figures[0], (f"Weights · {c.format_label}", format_bytes(quantised)), *figures[1:])
     return {
         "subtitle": "h = x + attention(attention_norm(x)); out = h + feed_forward(ffn_norm(h)).",
         "where": f"{c.blocks_where} · layers[i]",
@@ -278,6 +283,11 @@ def model(c: Ctx) -> dict:
     module_total = numel(net) + (a.n_layers - 1) * numel(net.layers[0])
     figures = [
         ("Weights · 16-bit", format_bytes(weight_bytes(a, BYTES_16))),
+        *(
+            [(f"Weights · {c.format_label}", format_bytes(weight_bytes(a, BYTES_16, c.format, c.group_size)))]
+            if c.format
+            else []
+        ),
         ("KV cache after this call · 16-bit", format_bytes(kv_cache_bytes(a, c.keys))),
         ("FLOPs per new position", commas(flops_per_token(a, c.keys))),
     ]
@@ -291,6 +301,10 @@ def model(c: Ctx) -> dict:
         figures.append(("Bytes a decode step reads at least · 16-bit", format_bytes(floor)))
         text.append(_decode_floor_text(c, floor))
         facts["decode_step_bytes"] = floor
+        if c.format:
+            quantised = decode_step_bytes(a, c.keys, format=c.format, group_size=c.group_size)
+            figures.append((f"Bytes a decode step reads at least · {c.format_label}", format_bytes(quantised)))
+            facts["decode_step_bytes_quantised"] = quantised
     logits = NamedTensor(
         SYMBOLS["logits"], (c.B, pos_axis(c.t), Axis(a.vocab_size, "vocab")), "float32", ":out"
     )

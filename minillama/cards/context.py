@@ -38,6 +38,15 @@ class Ctx:
     batch: int | str
     t: int  # new positions this call
     keys: int  # L, keys read
+    format: str | None = None  # weights quantised to "int8" or "int4" (chapter 9); None: 16-bit
+    group_size: int = 128  # int4's group of inputs per scale and zero
+
+    @property
+    def format_label(self) -> str:
+        """How a figure names the format: "int8 (+ a scale per row)", "int4 g128 (+ scales, zeros)"."""
+        if self.format == "int8":
+            return "int8 (+ a scale per row)"
+        return f"int4 g{self.group_size} (+ a scale and zero per group)"
 
     @property
     def B(self) -> Axis:
@@ -85,10 +94,14 @@ def validate(name: str, valid: dict, what: str, args, mode: str, positions, batc
         raise ValueError(f"batch must be a symbol such as 'B' or a positive int; got {batch!r}")
 
 
-def make_ctx(args, mode, positions, batch) -> Ctx:
+def make_ctx(args, mode, positions, batch, format=None, group_size=128) -> Ctx:
     t = 1 if mode == "decode" else positions
     keys = positions + 1 if mode == "decode" else positions
-    return Ctx(args, mode, positions, batch, t, keys)
+    if format is not None:
+        from ..accounting import weight_bytes
+
+        weight_bytes(args, 2, format, group_size)  # an unknown format or a group that does not fit raises here
+    return Ctx(args, mode, positions, batch, t, keys, format, group_size)
 
 
 def mode_lines(c: Ctx, kv: bool = True) -> tuple[str, str]:

@@ -16,7 +16,7 @@ import torch
 from ..model import Transformer
 from .check import SUPPORTED_DTYPES
 from .configs import load_args
-from .layout import detect_layout
+from .layout import HF_CONFIG, detect_layout, read_json
 from .read_hf import read_hf
 from .read_meta import read_meta
 
@@ -82,9 +82,15 @@ def load(
     tied = args.tie_embeddings  # HF: tie_word_embeddings; Meta: the catalogue (Llama 3.2 1B/3B)
     with torch.device("meta"):
         model = Transformer(args)
+    quantization = read_json(root / HF_CONFIG).get("minillama", {}).get("quantization") if layout == "hf" else None
+    if quantization:  # written by `save` from a quantised model (chapter 9): the same layers, empty
+        from ..quantize import quantized_like
+
+        quantized_like(model, quantization)
     expected = {name: tuple(t.shape) for name, t in model.state_dict().items()}
+    codes = {name: t.dtype for name, t in model.state_dict().items() if not t.is_floating_point()}
     if layout == "hf":
-        state = read_hf(root, args, expected, device, dtype, progress, tied)
+        state = read_hf(root, args, expected, device, dtype, progress, tied, codes)
     else:
         state = read_meta(root, args, expected, device, dtype, progress, tied)
     if tied:
