@@ -320,3 +320,22 @@ def test_table_cells_escape_their_pipes(notebook):
                 if re.search(r"(?<!\\)\|", span):
                     broken.append(span)
     assert not broken, f"{notebook.name}: unescaped | inside table cells: {broken[:5]}"
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.name)
+def test_the_setup_cell_and_solution_checks_are_collapsed(notebook):
+    """A reader sees the chapter first: the setup cell's code is collapsed (hide-input), and an exercise's checking
+    cell, which prints the answer, stays behind its toggle (hide-cell) until the reader opens it."""
+    cells = json.loads(notebook.read_text())["cells"]
+    tags = [c.get("metadata", {}).get("tags", []) for c in cells]
+    first = next(i for i, c in enumerate(cells) if c["cell_type"] == "code")
+    assert "hide-input" in tags[first], f"{notebook.name}: the setup cell is not tagged hide-input"
+    open_checks = [
+        i + 1
+        for i, c in enumerate(cells[:-1])
+        if c["cell_type"] == "markdown"
+        and SOLUTION.match("".join(c["source"]))
+        and cells[i + 1]["cell_type"] == "code"
+        and "hide-cell" not in tags[i + 1]
+    ]
+    assert not open_checks, f"{notebook.name}: solution checks shown uncollapsed in cells {open_checks}"

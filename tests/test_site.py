@@ -490,3 +490,15 @@ def test_chapter_colab_button_opens_this_notebook(page, visit):
     assert (ROOT / f"{page}.ipynb").is_file()
     colab = [h for h in visit(page)["links"] if "colab.research.google.com" in h]
     assert expected in colab, f"{page}: Colab button {colab} does not open {expected}"
+
+
+@pytest.mark.parametrize("page", CHAPTERS)
+def test_figures_carry_their_captions_as_alt_text(page, site):
+    """Every image a cell drew says what it shows (its `Figure C.N —` caption), not its hashed file name."""
+    html = (site / f"{page}.html").read_text()
+    alts = re.findall(r'<img[^>]*\balt="([^"]*)"[^>]*src="[^"]*_images/', html) + re.findall(
+        r'<img[^>]*src="[^"]*_images/[^"]*"[^>]*\balt="([^"]*)"', html
+    )
+    unnamed = [a for a in alts if not re.match(r"Figure \d+\.\d+ —", a)]
+    assert alts or "_images/" not in html, f"{page}: output images found but no alt text read"
+    assert not unnamed, f"{page}: images without a caption as alt text: {unnamed[:3]}"

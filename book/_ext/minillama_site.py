@@ -168,10 +168,32 @@ def _strip_nbval_markers(app, doctree):
             block += nodes.Text(cleaned)
 
 
+FIGURE_CAPTION = re.compile(r"\AFigure \d+\.\d+ —")
+
+
+def _figure_alt_text(app, doctree):
+    """A figure's alt text is its caption (the markdown cell after the cell that drew it: `**Figure C.N —** …`),
+    not the hashed file name MyST-NB gives an output image: screen readers and broken images then say what it shows."""
+    for cell in doctree.findall(nodes.container):
+        if "cell" not in cell.get("classes", []) or cell.parent is None:
+            continue
+        images = [im for im in cell.findall(nodes.image) if not im.get("alt") or im["alt"].endswith(".png")]
+        if not images:
+            continue
+        siblings = cell.parent.children
+        after = siblings[siblings.index(cell) + 1 :]
+        caption = next((n for n in after if isinstance(n, nodes.paragraph)), None)
+        if caption is None or not FIGURE_CAPTION.match(caption.astext()):
+            continue
+        for image in images:
+            image["alt"] = caption.astext()
+
+
 def setup(app):
     app.connect("config-inited", _fill_footer)
     app.connect("config-inited", _use_local_mathjax, priority=900)  # after sphinx.ext.mathjax's defaults
     app.connect("doctree-read", _strip_nbval_markers)
+    app.connect("doctree-read", _figure_alt_text)
     app.connect("html-page-context", _drop_duplicate_scripts, priority=900)  # after the themes add theirs
     app.add_css_file("minillama.css")
     app.connect("build-finished", _copy_mathjax)
