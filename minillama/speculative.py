@@ -14,7 +14,7 @@ is kept while it equals the target's argmax, so the output is the target's greed
 token (up to float rounding of near-tied logits: the k + 1-position forward adds in another order
 than a one-position step). With an acceptance rate α per token, a round yields on average
 (1 - α^(k+1)) / (1 - α) tokens (Leviathan et al., equation 1). The loop follows the shape of
-pytorch-labs/gpt-fast `generate.py` `speculative_decode` (pinned in `minillama.sources`), written
+pytorch-labs/gpt-fast `generate.py` `speculative_decode` (`minillama.sources` key "gpt-fast-speculative"), written
 here for ragged batches.
 
 The cache needs no rollback: positions a rejected draft token wrote (in the draft's and the target's
