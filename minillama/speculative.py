@@ -8,12 +8,12 @@ p_i at every proposed position. Draft token d_i is kept with probability min(1, 
 max(0, p_i - q_i), normalised, and the round ends; when all k survive, a bonus token comes from p_{k+1}.
 Each round yields between 1 and k + 1 tokens, and every token is distributed exactly as the target
 alone would draw it (Leviathan, Kalman and Matias 2023, "Fast Inference from Transformers via
-Speculative Decoding", arXiv:2211.17192, Algorithm 1 and Theorem 1; Chen et al. 2023,
+Speculative Decoding", arXiv:2211.17192, Algorithm 1, with the proof; Chen et al. 2023,
 arXiv:2302.01318). Greedy decoding is the limit where both distributions are one-hot: a draft token
 is kept while it equals the target's argmax, so the output is the target's greedy output token for
 token (up to float rounding of near-tied logits: the k + 1-position forward adds in another order
 than a one-position step). With an acceptance rate α per token, a round yields on average
-(1 - α^(k+1)) / (1 - α) tokens (Leviathan et al., equation 1). The loop follows the shape of
+(1 - α^(k+1)) / (1 - α) tokens (Leviathan et al., section 3). The loop follows the shape of
 pytorch-labs/gpt-fast `generate.py` `speculative_decode` (`minillama.sources` key "gpt-fast-speculative"), written
 here for ragged batches.
 
@@ -61,6 +61,13 @@ class SpeculativeStats:
     def acceptance_rate(self) -> float:
         """The share of proposed draft tokens the target kept."""
         return self.accepted / self.proposed if self.proposed else float("nan")
+
+    @property
+    def alpha(self) -> float:
+        """The per-token acceptance probability α of Leviathan et al.: accepted draft tokens over the
+        draft tokens the target examined (a round examines proposals up to its first rejection)."""
+        examined = self.accepted + self.row_rounds - (self.accepted_hist[-1] if self.accepted_hist else 0)
+        return self.accepted / examined if examined else float("nan")
 
     @property
     def tokens_per_forward(self) -> float:
