@@ -3,7 +3,7 @@
 RoPE (Su et al. 2021) rotates each pair p of a query or key head by the angle position · ω_p, with
 ω_p = theta^(-2p / hd), so a query–key score depends only on their distance. Pairs are Meta's
 interleaved channels (2p, 2p+1) (meta-llama/llama3 `llama/model.py` 65–75); Hugging Face pairs
-channel p with p + hd/2 instead and permutes wq/wk to match (chapter 3; `checkpoint.py`).
+channel p with p + hd/2 instead and permutes wq/wk to match (chapter 3; `checkpoint/names.py`).
 
 Llama 3.1 scaling (meta-llama/llama-models `models/llama3/model.py` 45–62): wavelengths 2π/ω above
 original/low_freq_factor (8,192) are divided by `rope_scale_factor` (8), those below

@@ -182,7 +182,7 @@ def test_hf_peer_holds_the_same_weights(monkeypatch, via):
         dim=64, n_layers=2, n_heads=8, n_kv_heads=2, vocab_size=300, multiple_of=32, max_seq_len=64
     )
     model = bench.build_model(args, torch.device("cpu"), torch.float32, seed=1)
-    monkeypatch.setattr(bench, "HF_VIA_DISK_BYTES", 2**40 if via == "disk" else 0)
+    monkeypatch.setattr(bench.models, "HF_VIA_DISK_BYTES", 2**40 if via == "disk" else 0)
     hf = bench.hf_peer(model)
     tokens = torch.randint(0, args.vocab_size, (2, 12), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
@@ -203,4 +203,4 @@ def test_benchmark_scripts_parse_and_name_real_variants(script):
     named = re.findall(r"--variants[ =]\"?([\w,-]+)", text) + re.findall(r"^VARIANTS=([\w,-]+)", text, re.M)
     names = {v for group in named for v in group.split(",") if v}
     assert names, f"no variants found in {script}"
-    assert bench._variant_list(sorted(names))  # raises on an unknown variant name
+    assert bench.variants.variant_list(sorted(names))  # raises on an unknown variant name

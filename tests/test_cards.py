@@ -64,7 +64,7 @@ def test_seed_text(seed_card):
         "Llama 3.1 8B · Grouped-query attention",
         "in:  x [B batch, 1 position, 4096 d]   R [1 position, 64 pairs]",
         "out: Δ_attn [B batch, 1 position, 4096 d]",
-        "parameters: 41,943,040 · × 32 blocks = 1,342,177,280",
+        "parameters: 41,943,040 × 32 blocks = 1,342,177,280",
         "mode: decode · P = 1,000 cached positions · L = P + 1 = 1,001 keys read",
         "state: KV cache: writes row 1,000, reads rows 0–1,000",
         "Across 32 independent blocks: 41,943,040 × 32 = 1,342,177,280 parameters.",
@@ -121,7 +121,7 @@ def test_large_models(key, dim, layers, heads, kv_heads):
     assert f["kv_bytes_full_context"] == per_token * 131_072
     assert f["mha_kv_bytes_full_context"] == mha_per_token * 131_072
     text = str(c)
-    assert f"parameters: {per_block:,} · × {layers} blocks = {per_block * layers:,}" in text
+    assert f"parameters: {per_block:,} × {layers} blocks = {per_block * layers:,}" in text
     assert f"{dim:,} × ({kv_heads} × {head_dim})" in text
     assert f"At the full 131,072 tokens: {per_token * 131_072 // GiB:,} GiB per sequence" in text
     assert f"still run over {heads} heads" in text and f"the cache {heads // kv_heads}×" in text
@@ -164,9 +164,9 @@ def test_full_shapes():
     c = card("feed_forward", B8, mode="full", positions=1000)
     assert c.inputs[0].text() == "ĥ [B batch, 1,000 positions, 4096 d]"
     assert "no KV cache" in c.state_line
-    # the seed's tensor card: K [B batch, 8 kv heads, T positions, 128 d_h]
+    # the seed's tensor card: K [B batch, 8 kv heads, T positions, 128 d_h], with the book's axis name hd
     xk = tensor_card("xk", B8, mode="full", positions=1000)
-    assert xk.tensor.text() == "K [B batch, 8 kv heads, 1,000 positions, 128 d_h]"
+    assert xk.tensor.text() == "K [B batch, 8 kv heads, 1,000 positions, 128 hd]"
     assert tensor_card("probs", B8, mode="full", positions=7).tensor.shape(2) == (2, 32, 7, 7)
     assert tensor_card("ffn_hidden", B8, mode="full", positions=3).tensor.shape(1) == (1, 3, 14336)
 
@@ -307,7 +307,7 @@ def test_a_wrong_shape_is_caught():
     )
     c.outputs = [wrong]
     with pytest.raises(RuntimeError, match="disagree"):
-        cards._check_shapes(c, B8, 2)
+        cards.trace.check_shapes(c, B8, 2)
 
 
 # rendering
@@ -405,6 +405,92 @@ def test_cli(capsys):
     out = capsys.readouterr().out
     assert "Llama 3.1 8B · Grouped-query attention" in out and "125.1 MiB" in out
     main_card(["xk", "--mode", "full", "--positions", "16", "--format", "markdown"])
-    assert "$K$ [B batch, 8 kv heads, 16 positions, 128 d_h]" in capsys.readouterr().out
+    assert "$K$ [B batch, 8 kv heads, 16 positions, 128 hd]" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         main_card(["attention", "--mode", "train"])
+
+
+# wording a cold read of the book found wrong (issue 14); each test fails if it comes back
+
+NO_KV_COMPONENTS = ("embedding", "attention_norm", "ffn_norm", "norm", "rope", "feed_forward", "output")
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_no_kv_lines_on_cards_without_kv_state(mode):
+    """A norm works on each position alone: its card names no keys read and no cache rows."""
+    made = [card(name, B8, mode=mode, positions=1000) for name in NO_KV_COMPONENTS]
+    made += [tensor_card(name, B8, mode=mode, positions=1000) for name in ("residual", "ffn_hidden")]
+    for c in made:
+        for page in (str(c), c.markdown(), c.html()):
+            assert "keys read" not in page and "writes row" not in page and "reads rows" not in page, c.name
+        assert c.state_line.startswith("no KV cache here"), c.name
+    for name in ("attention", "kv_cache", "block", "model"):  # these do read the cache
+        assert "keys read" in card(name, B8, mode=mode, positions=1000).mode_line, name
+    if mode == "decode":
+        assert made[1].mode_line == "decode · 1 new position, at position P = 1,000"
+
+
+def test_parameters_line_has_no_stray_separator():
+    for name in COMPONENTS:
+        c = card(name, B8)
+        for page in (str(c), c.markdown(), c.html()):
+            assert "· ×" not in page, name
+    assert card("attention_norm", B8).parameters_line == "4,096 × 32 blocks = 131,072"
+
+
+def test_rope_card_divides_frequencies_and_lengthens_wavelengths():
+    text = " ".join(card("rope", B8).numbers[0].text)
+    assert "are divided by" not in text
+    assert (
+        "29 with wavelengths over 8,192 have their frequencies divided by 8 (wavelengths 8× longer)" in text
+    )
+    # the count, from the module's tables: the pairs whose scaled frequency is the unscaled one / 8
+    ratio = ml.inv_freq(B8.replace(use_scaled_rope=False)) / ml.inv_freq(B8)
+    assert int(torch.isclose(ratio, torch.tensor(8.0, dtype=ratio.dtype)).sum()) == 29
+
+
+@pytest.mark.parametrize("name", ["cache_k", "cache_v"])
+def test_cache_tensor_cards_tell_prefill_from_decode(name):
+    pre = tensor_card(name, B8, mode="prefill", positions=1000)
+    dec = tensor_card(name, B8, mode="decode", positions=1000)
+    assert pre.numbers[0].heading == dec.numbers[0].heading == "This call"
+    assert dict(pre.numbers[0].rows) == {
+        "New positions (queries)": "1,000",
+        "Cache rows written": "rows 0–999",
+        "Keys read, L": "1,000",
+    }
+    assert dict(dec.numbers[0].rows) == {
+        "New positions (queries)": "1",
+        "Cache rows written": "row 1,000",
+        "Keys read, L": "1,001",
+    }
+    assert "rows 0–999 written by this call's 1,000 new positions" in pre.subtitle
+    assert "row 1,000 written by this call's 1 new position" in dec.subtitle
+    assert str(pre).replace(pre.mode_line, "") != str(dec).replace(dec.mode_line, "")
+    full = tensor_card(name, B8, mode="full", positions=1000)
+    assert [f.heading for f in full.numbers] == ["Size"]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_head_width_is_named_hd(mode):
+    """The book's axis name for the head width is hd (minillama/__init__.py), never d_h."""
+    made = [card(name, B8, mode=mode, positions=9) for name in COMPONENTS]
+    made += [tensor_card(name, B8, mode=mode, positions=9) for name in TENSORS]
+    for c in made:
+        for page in (str(c), c.markdown(), c.html()):
+            assert "d_h" not in page, c.name
+    assert tensor_card("xk", B8, mode=mode).tensor.axes[-1] == cards.Axis(128, "hd")
+
+
+def test_model_card_decode_floor_excludes_the_embedding_table():
+    c = card("model", B8, mode="decode", positions=1000)
+    # from the catalogue dimensions: all weights but the 128,256 x 4,096 embedding, one embedding row,
+    # and K, V of 32 layers x 8 heads x 128 at 1,001 positions, 16-bit each
+    floor = (8_030_261_248 - 128_256 * 4096) * 2 + 4096 * 2 + 2 * 32 * 8 * 128 * 2 * 1001
+    assert c.facts["decode_step_bytes"] == floor
+    text = str(c)
+    assert "Weights · 16-bit                             15.0 GiB" in text
+    assert "Bytes a decode step reads at least · 16-bit  14.1 GiB" in text
+    assert "except the embedding table (1,002 MiB), of which a sequence reads only its token's row" in text
+    assert "reads every weight once and the cache" not in text
+    assert "decode_step_bytes" not in card("model", B8, mode="prefill", positions=1000).facts

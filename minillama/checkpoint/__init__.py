@@ -1,0 +1,45 @@
+"""Load Meta and Hugging Face checkpoints of Llama 3.1; save safetensors (chapter 6).
+
+Two layouts hold the same weights: Meta's (`params.json` + `consolidated.NN.pth`, one file per
+model-parallel rank, this package's parameter names) and Hugging Face's (`config.json` + safetensors,
+HF names, wq/wk rows permuted for its half-split rotary pairs). `load` detects the layout, translates
+the config, checks every name, shape and dtype before reading a weight, undoes HF's permutation (so one
+attention code path serves both) and merges Meta's shards; `save` writes Hugging Face's layout.
+
+    model = ml.load("path/to/checkpoint", device="cuda", dtype=torch.bfloat16)
+    ml.save(model, "out/")
+
+Where things live:
+- `layout.py`: which layout a folder holds, and its files;
+- `names.py`: HF <-> Meta parameter names and the q/k permutation;
+- `configs.py`: `config.json` / `params.json` <-> `ModelArgs`;
+- `check.py`, `read_hf.py`, `read_meta.py`, `load.py`: checking, reading and loading;
+- `save.py`: writing a Hugging Face checkpoint.
+"""
+
+from .check import SUPPORTED_DTYPES
+from .configs import args_from_hf_config, args_from_meta_params, hf_config, load_args
+from .layout import HF_CONFIG, HF_INDEX, HF_WEIGHTS, META_PARAMS, ORIGINAL, detect_layout
+from .load import load
+from .names import hf_permute, hf_to_meta, hf_unpermute, meta_to_hf
+from .save import save
+
+__all__ = [
+    "HF_CONFIG",
+    "HF_INDEX",
+    "HF_WEIGHTS",
+    "META_PARAMS",
+    "ORIGINAL",
+    "SUPPORTED_DTYPES",
+    "args_from_hf_config",
+    "args_from_meta_params",
+    "detect_layout",
+    "hf_config",
+    "hf_permute",
+    "hf_to_meta",
+    "hf_unpermute",
+    "load",
+    "load_args",
+    "meta_to_hf",
+    "save",
+]
