@@ -17,5 +17,6 @@ from .generate import decode_one_token, generate, prefill, sample
 from .kv_cache import KVCache
 from .model import Transformer, TransformerBlock
 from .norm import RMSNorm
+from .quantize import quantize
 from .rope import RotaryEmbedding, apply_rotary, inv_freq
 from .tokenizer import Tokenizer

@@ -76,17 +76,63 @@ def kv_cache_bytes(args: ModelArgs, positions: int, batch: int = 1, bytes_per_va
     return int(2 * args.n_layers * args.n_kv_heads * args.head_dim * positions * batch * bytes_per_value)
 
 
-def weight_bytes(args: ModelArgs, bytes_per_param: float = 2) -> int:
-    """All weights at a storage width: 2 for bf16, 1 for fp8, 0.5 for int4 (scales not counted)."""
-    return int(count_parameters(args).total * bytes_per_param)
+FORMATS = (None, "int8", "int4")  # None: every weight at its 16-bit (or given) width
 
 
-def decode_step_bytes(args: ModelArgs, context: int, batch: int = 1, bytes_per_value: float = 2) -> int:
-    """Bytes one decode step must read: every weight once (the embedding only for the batch's rows)
-    and the KV cache of `context` positions per sequence. The floor of a memory-bound step."""
+def _linears(args: ModelArgs) -> list[tuple[int, int, int]]:
+    """(out, in, how many) of every matrix a forward multiplies by: the blocks' seven, then the head."""
+    q, kv, f, d, L = args.n_heads * args.head_dim, args.n_kv_heads * args.head_dim, args.ffn_hidden_dim, args.dim, args.n_layers
+    return [(q, d, L), (kv, d, 2 * L), (d, q, L), (f, d, 2 * L), (d, f, L), (args.vocab_size, d, 1)]
+
+
+def linear_bytes(out: int, inputs: int, format: str | None = None, group_size: int = 128, bytes_16: float = 2) -> int:
+    """Bytes of one `[out, inputs]` weight matrix: `bytes_16` per weight unquantised; int8: 1 per weight and a
+    16-bit scale per output channel; int4: half a byte per weight and a 16-bit scale and zero per group."""
+    if format is None:
+        return int(out * inputs * bytes_16)
+    if format == "int8":
+        return out * inputs + int(out * bytes_16)
+    if format == "int4":
+        if inputs % group_size:
+            raise ValueError(f"group_size={group_size} does not divide {inputs} inputs; pick one that does")
+        return out * inputs // 2 + int(2 * out * (inputs // group_size) * bytes_16)
+    raise ValueError(f"unknown format {format!r}; use one of {FORMATS}")
+
+
+def weight_bytes(
+    args: ModelArgs, bytes_per_param: float = 2, format: str | None = None, group_size: int = 128, head: bool = True
+) -> int:
+    """All weights at a storage width: 2 for bf16, 1 for fp8, 0.5 for int4 (scales not counted). With a
+    `format` ("int8", "int4"), the linear layers of the blocks (and the head, unless `head=False`) are
+    counted in it, scales and zeros included (`linear_bytes`), the rest at `bytes_per_param`."""
+    if format is None:
+        return int(count_parameters(args).total * bytes_per_param)
     c = count_parameters(args)
-    weights = c.total - c.embedding + batch * args.dim
-    return int(weights * bytes_per_value) + kv_cache_bytes(args, context, batch, bytes_per_value)
+    *blocks, (v, d, _) = _linears(args)
+    quantised = sum(n * linear_bytes(o, i, format, group_size, bytes_per_param) for o, i, n in blocks)
+    rest = c.total - sum(n * o * i for o, i, n in blocks)
+    if head:
+        quantised += linear_bytes(v, d, format, group_size, bytes_per_param)
+        rest -= v * d
+    return quantised + int(rest * bytes_per_param)
+
+
+def decode_step_bytes(
+    args: ModelArgs,
+    context: int,
+    batch: int = 1,
+    bytes_per_value: float = 2,
+    format: str | None = None,
+    group_size: int = 128,
+    head: bool = True,
+) -> int:
+    """Bytes one decode step must read: every weight once (the embedding only for the batch's rows)
+    and the KV cache of `context` positions per sequence. The floor of a memory-bound step. With a
+    `format` the weights are counted as `weight_bytes` counts them; the cache stays at `bytes_per_value`."""
+    c = count_parameters(args)
+    embedding = c.embedding - batch * args.dim  # the rows of the embedding a step does not read
+    weights = weight_bytes(args, bytes_per_value, format, group_size, head) - int(embedding * bytes_per_value)
+    return weights + kv_cache_bytes(args, context, batch, bytes_per_value)
 
 
 def flops_per_token(args: ModelArgs, context: int) -> int:

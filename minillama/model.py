@@ -64,7 +64,8 @@ class Transformer(nn.Module):
             )
         if batch_size < 1:
             raise ValueError(f"batch_size={batch_size} must be at least 1")
-        w = self.output.weight
+        # the cache holds activations: their dtype is the embedding's (a quantised head holds int codes)
+        w = self.tok_embeddings.weight
         for layer in self.layers:
             layer.attention.cache = KVCache(
                 batch_size,

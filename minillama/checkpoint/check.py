@@ -24,9 +24,13 @@ def _describe(args: ModelArgs) -> str:
     )
 
 
-def check_tensors(found: dict, expected: dict, args: ModelArgs, config: str, hf: bool, tied: bool) -> None:
+def check_tensors(
+    found: dict, expected: dict, args: ModelArgs, config: str, hf: bool, tied: bool, codes=None
+) -> None:
     """Raise on any unexpected, missing, mis-shaped or unsupported tensor. `found`: Meta name ->
-    (shape, dtype, where it was found: "file: stored name")."""
+    (shape, dtype, where it was found: "file: stored name"); `codes`: name -> integer dtype of a quantised
+    model's codes (chapter 9)."""
+    codes = codes or {}
     layers = {int(m.group(1)) for name in found if (m := _LAYER_RE.match(name))}
     if layers and max(layers) >= args.n_layers:
         raise ValueError(
@@ -43,7 +47,11 @@ def check_tensors(found: dict, expected: dict, args: ModelArgs, config: str, hf:
                 f"shape mismatch for {name!r} ({where}): expected {tuple(expected[name])} from {config} "
                 f"({_describe(args)}), found {tuple(shape)}; the config and the weights disagree"
             )
-        if dtype not in SUPPORTED_DTYPES:
+        if name in codes and dtype != codes[name]:
+            raise ValueError(
+                f"{where} holds {dtype}; the quantised model of {config} stores {codes[name]} codes there"
+            )
+        if dtype not in SUPPORTED_DTYPES and name not in codes:
             raise ValueError(
                 f"unsupported dtype {dtype} for {where}: minillama loads float32, float16 and bfloat16 weights "
                 f"(quantized checkpoints such as fp8 are not supported)"

@@ -66,9 +66,17 @@ def load(
         tied = bool(read_json(root / HF_CONFIG).get("tie_word_embeddings", False))
     with torch.device("meta"):
         model = Transformer(args)
+    quantization = (
+        read_json(root / HF_CONFIG).get("minillama", {}).get("quantization") if layout == "hf" else None
+    )
+    if quantization:  # written by `save` from a quantised model (chapter 9): the same layers, empty
+        from ..quantize import quantized_like
+
+        quantized_like(model, quantization)
     expected = {name: tuple(t.shape) for name, t in model.state_dict().items()}
+    codes = {name: t.dtype for name, t in model.state_dict().items() if not t.is_floating_point()}
     if layout == "hf":
-        state = read_hf(root, args, expected, device, dtype, progress, tied)
+        state = read_hf(root, args, expected, device, dtype, progress, tied, codes)
     else:
         state = read_meta(root, args, expected, device, dtype, progress)
     if tied:

@@ -30,7 +30,9 @@ _HF_BLOCK = {
 _HF_TOP = {"model.embed_tokens": "tok_embeddings", "model.norm": "norm", "lm_head": "output"}
 _META_BLOCK = {meta: hf for hf, meta in _HF_BLOCK.items()}
 _META_TOP = {meta: hf for hf, meta in _HF_TOP.items()}
-_HF_BLOCK_RE = re.compile(r"model\.layers\.(\d+)\.(.+)\.weight")
+_HF_BLOCK_RE = re.compile(r"model\.layers\.(\d+)\.(.+)\.(weight|scales|zeros)")
+# a quantised checkpoint (chapter 9, written by `save`) also holds scales and zeros beside the codes
+QUANTISED_PARTS = ("weight", "scales", "zeros")
 # derived tensors some checkpoints carry; the model recomputes them
 IGNORED = re.compile(r"(^|\.)(rotary_emb\.inv_freq|rope\.freqs)$")
 
@@ -38,26 +40,27 @@ IGNORED = re.compile(r"(^|\.)(rotary_emb\.inv_freq|rope\.freqs)$")
 def hf_to_meta(name: str) -> str | None:
     """Meta's name for a Hugging Face parameter name, or None when it is not a Llama weight."""
     if match := _HF_BLOCK_RE.fullmatch(name):
-        layer, part = match.groups()
-        return f"layers.{layer}.{_HF_BLOCK[part]}.weight" if part in _HF_BLOCK else None
-    base = name.removesuffix(".weight")
-    return f"{_HF_TOP[base]}.weight" if base in _HF_TOP and name.endswith(".weight") else None
+        layer, part, kind = match.groups()
+        return f"layers.{layer}.{_HF_BLOCK[part]}.{kind}" if part in _HF_BLOCK else None
+    base, _, kind = name.rpartition(".")
+    return f"{_HF_TOP[base]}.{kind}" if base in _HF_TOP and kind in QUANTISED_PARTS else None
 
 
 def meta_to_hf(name: str) -> str:
     """Hugging Face's name for a Meta parameter name."""
-    if match := re.fullmatch(r"layers\.(\d+)\.(.+)\.weight", name):
-        layer, part = match.groups()
-        return f"model.layers.{layer}.{_META_BLOCK[part]}.weight"
-    return f"{_META_TOP[name.removesuffix('.weight')]}.weight"
+    if match := re.fullmatch(r"layers\.(\d+)\.(.+)\.(weight|scales|zeros)", name):
+        layer, part, kind = match.groups()
+        return f"model.layers.{layer}.{_META_BLOCK[part]}.{kind}"
+    base, _, kind = name.rpartition(".")
+    return f"{_META_TOP[base]}.{kind}"
 
 
 def hf_permute(w: torch.Tensor, n_heads: int) -> torch.Tensor:
     """Meta's interleaved rotary rows -> Hugging Face's half-split rows, per head: row (2p + i) of a head
     moves to row (i · hd/2 + p). The same reordering as transformers' `permute` (see the module docstring)."""
-    return rearrange(w, "(h p two) d -> (h two p) d", h=n_heads, two=2).contiguous()
+    return rearrange(w, "(h p two) ... -> (h two p) ...", h=n_heads, two=2).contiguous()
 
 
 def hf_unpermute(w: torch.Tensor, n_heads: int) -> torch.Tensor:
     """The inverse of `hf_permute`: Hugging Face's q_proj/k_proj rows back to Meta's interleaved pairs."""
-    return rearrange(w, "(h two p) d -> (h p two) d", h=n_heads, two=2).contiguous()
+    return rearrange(w, "(h two p) ... -> (h p two) ...", h=n_heads, two=2).contiguous()

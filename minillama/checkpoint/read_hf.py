@@ -19,9 +19,11 @@ from .layout import HF_CONFIG, hf_files
 from .names import IGNORED, hf_to_meta, hf_unpermute
 
 _SAFETENSORS_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
+# a quantised checkpoint (chapter 9, written by `save`) also holds integer codes
+_QUANTISED_DTYPES = {"I8": torch.int8, "U8": torch.uint8}
 
 
-def read_hf(root: Path, args: ModelArgs, expected: dict, device, dtype, progress, tied) -> dict:
+def read_hf(root: Path, args: ModelArgs, expected: dict, device, dtype, progress, tied, codes=None) -> dict:
     files = hf_files(root)
     config = str(root / HF_CONFIG)
     found, stored = {}, {}  # Meta name -> (shape, dtype, where); Meta name -> (file, HF name)
@@ -39,11 +41,11 @@ def read_hf(root: Path, args: ModelArgs, expected: dict, device, dtype, progress
                 sl = f.get_slice(hf_name)
                 found[name] = (
                     tuple(sl.get_shape()),
-                    _SAFETENSORS_DTYPES.get(sl.get_dtype(), sl.get_dtype()),
+                    {**_SAFETENSORS_DTYPES, **_QUANTISED_DTYPES}.get(sl.get_dtype(), sl.get_dtype()),
                     where,
                 )
                 stored[name] = (file, hf_name)
-    check_tensors(found, expected, args, config, hf=True, tied=tied)
+    check_tensors(found, expected, args, config, hf=True, tied=tied, codes=codes)
     dtype = dtype or found["tok_embeddings.weight"][1]
     state = {}
     for name, (file, hf_name) in tqdm(
@@ -53,9 +55,10 @@ def read_hf(root: Path, args: ModelArgs, expected: dict, device, dtype, progress
         # unmapped at once, instead of the whole file staying resident until the end
         with safe_open(file, framework="pt") as f:
             w = f.get_tensor(hf_name)  # a view of the memory-mapped file: nothing is read yet
-        if name.endswith("attention.wq.weight"):
+        if ".attention.wq." in name:  # the weight (and a quantised one's scales and zeros: rows too)
             w = hf_unpermute(w, args.n_heads)
-        elif name.endswith("attention.wk.weight"):
+        elif ".attention.wk." in name:
             w = hf_unpermute(w, args.n_kv_heads)
-        state[name] = w.to(device=device, dtype=dtype)  # no copy when dtype and device already match
+        # no copy when dtype and device already match; integer codes keep their dtype
+        state[name] = w.to(device=device, dtype=dtype if w.is_floating_point() else None)
     return state

@@ -29,16 +29,22 @@ def save(model: Transformer, path: str | os.PathLike, max_shard_bytes: int = 5 *
     for stale in [*path.glob("model-*-of-*.safetensors"), path / HF_WEIGHTS, path / HF_INDEX]:
         stale.unlink(missing_ok=True)
     args = model.args
+    quantization = getattr(model, "quantization", None)
+    if quantization and quantization["backend"] != "minillama":
+        raise ValueError(
+            f"save writes minillama's quantised layers, not {quantization['backend']}'s tensors; "
+            f"quantise with backend='minillama' to save (or save the 16-bit model and quantise after loading)"
+        )
     tied = model.output.weight is model.tok_embeddings.weight
-    dtype = model.output.weight.dtype
+    dtype = model.tok_embeddings.weight.dtype  # the head's may be quantised codes
     tensors = {}
     for name, w in model.state_dict().items():
         if tied and name == "output.weight":
             continue
         w = w.detach().to("cpu")
-        if name.endswith("attention.wq.weight"):
+        if ".attention.wq." in name:  # a quantised layer's scales and zeros follow its rows
             w = hf_permute(w, args.n_heads)
-        elif name.endswith("attention.wk.weight"):
+        elif ".attention.wk." in name:
             w = hf_permute(w, args.n_kv_heads)
         tensors[meta_to_hf(name)] = w.contiguous()
     shards, size = [[]], 0
@@ -61,6 +67,9 @@ def save(model: Transformer, path: str | os.PathLike, max_shard_bytes: int = 5 *
         total = sum(w.numel() * w.element_size() for w in tensors.values())
         with open(path / HF_INDEX, "w") as f:
             json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
+    config = hf_config(args, dtype, tied)
+    if quantization:
+        config["minillama"]["quantization"] = quantization
     with open(path / HF_CONFIG, "w") as f:
-        json.dump(hf_config(args, dtype, tied), f, indent=2)
+        json.dump(config, f, indent=2)
     return path
