@@ -233,7 +233,8 @@ def generate(
     same vocabulary, the draft proposes `speculate_k` tokens per round and the target checks them in
     one forward; greedy output equals the output without a draft, sampled output follows the target's
     distribution. `decode_step` then runs the draft's one-token steps and `verify_step` (default
-    `speculative.verify`) the target's k + 1-position forward; a `speculative.SpeculativeStats` passed
+    `speculative.verify`) the cached multi-position forwards: the target's k + 1-position verify pass
+    and the draft's two-position first step of each round; a `speculative.SpeculativeStats` passed
     as `stats` records acceptance, tokens per target forward and time per token.
 
     Returns a list with each row's new token ids; with `stream=True` (one prompt) an iterator of text

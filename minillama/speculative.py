@@ -145,14 +145,17 @@ def check_fit(model: Transformer, name: str, longest: int, max_new_tokens: int, 
         )
 
 
-def propose(draft, prev, last, pos, k, sampling, step) -> tuple[torch.Tensor, torch.Tensor | None]:
+def propose(
+    draft, prev, last, pos, k, sampling, step, forward=None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The draft's k tokens `[b, k]` and, when sampling, their distributions q `[b, k, v]`.
 
     The first step feeds the last two committed tokens [prev, last] at positions pos - 1, pos: when the
     previous round accepted every draft token, the draft never saw its own last proposal, and writing
-    position pos - 1 again mends that (for other rows it rewrites what is already there)."""
+    position pos - 1 again mends that (for other rows it rewrites what is already there). `step` runs
+    the other k - 1 one-token steps, `forward` (default `verify`) the first two-token one."""
     greedy = sampling["temperature"] == 0
-    logits = draft(torch.stack((prev, last), dim=1), start_pos=pos - 1, logits_at=-1)[:, 0]
+    logits = (forward or verify)(draft, torch.stack((prev, last), dim=1), pos - 1)[:, -1]
     tokens, dists = [], []
     for i in range(k):
         if i == 0 and greedy:
@@ -169,10 +172,12 @@ def propose(draft, prev, last, pos, k, sampling, step) -> tuple[torch.Tensor, to
     return torch.stack(tokens, dim=1), None if greedy else torch.stack(dists, dim=1)
 
 
-def verify(target: Transformer, tokens: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-    """The target's cached forward over `tokens` `[b, k + 1]` = [last, d_1, .., d_k] at positions
-    pos .. pos + k: its logits `[b, k + 1, v]` for the token after each."""
-    return target(tokens, start_pos=pos)
+def verify(model: Transformer, tokens: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    """A cached forward over `tokens` `[b, t]` at positions pos .. pos + t - 1 (`pos` `[b]`): the logits
+    `[b, t, v]` for the token after each. The verify pass is the target's, over [last, d_1, .., d_k];
+    the draft's first step of a round is one too, over two positions. Compile it
+    (`torch.compile(verify, fullgraph=True, dynamic=False)`) and pass it as `verify_step`."""
+    return model(tokens, start_pos=pos)
 
 
 def accept_greedy(drafts: torch.Tensor, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -234,7 +239,7 @@ def rounds(
     stats.seconds = time.perf_counter() - begin
     yield out
     while not all(done):
-        drafts, q = propose(draft, prev, last, pos, k, sampling, step)
+        drafts, q = propose(draft, prev, last, pos, k, sampling, step, verify_step)
         seq = torch.cat((last[:, None], drafts), dim=1)  # [b, k + 1]
         logits = verify_step(target, seq, pos)
         if q is None:

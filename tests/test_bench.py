@@ -204,3 +204,21 @@ def test_benchmark_scripts_parse_and_name_real_variants(script):
     names = {v for group in named for v in group.split(",") if v}
     assert names, f"no variants found in {script}"
     assert bench.variants.variant_list(sorted(names))  # raises on an unknown variant name
+
+
+def test_speculative_variants_give_the_plain_tokens(monkeypatch):
+    """The spec-* rows run ml.generate with a draft; compilation is replaced by the eager functions here
+    (the compiled path is what `python -m minillama bench` measures), so this stays fast."""
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: fn)
+    args = ml.ModelArgs(
+        dim=64, n_layers=2, n_heads=8, n_kv_heads=2, vocab_size=512, multiple_of=32, max_seq_len=64
+    )
+    names = ["static", "spec-int8-k2", "spec-bf16-k4", "spec-small-k4"]
+    results = bench.run(args, prompt_len=6, new_tokens=9, repeats=1, variants=",".join(names), ceilings=False)
+    runs = {r["variant"]: r for r in results["runs"]}
+    assert set(runs) == set(names)
+    for name in names[1:]:
+        assert "error" not in runs[name], runs[name].get("error")
+        assert runs[name]["same_tokens"], name
+        assert runs[name]["generate_tok_s"] > 0
+    assert bench.variants.TABLE["spec-int8-k8"].extra_positions == 8
