@@ -3,6 +3,8 @@ random model, a self-draft) across configs, k, ragged batches and stop tokens; s
 target's distribution (the rejection rule, checked by total variation over many seeded draws); the
 same seed gives the same tokens; bad drafts and bad k raise."""
 
+import functools
+
 import pytest
 import torch
 from conftest import CONFIGS, random_model
@@ -19,16 +21,27 @@ def unrelated_draft(args: ml.ModelArgs) -> ml.Transformer:
     return random_model(args.replace(dim=32, n_layers=1, n_heads=4, n_kv_heads=2, multiple_of=16), seed=7)
 
 
-@pytest.fixture(scope="module", params=sorted(CONFIGS))
-def pair(request):
-    args = CONFIGS[request.param]
+@functools.cache
+def make_pair(name: str):
+    args = CONFIGS[name]
     model = random_model(args, seed=1)
-    return model, {"unrelated": unrelated_draft(args), "self-bf16": sp.self_draft(model, "bf16")}
+    drafts = {"unrelated": unrelated_draft(args), "self-bf16": sp.self_draft(model, "bf16")}
+    drafts["self-int8"] = sp.self_draft(model, "int8")
+    return model, drafts
 
 
-@pytest.mark.parametrize("k", [1, 2, 4, 8])
-def test_greedy_output_equals_plain_greedy_decoding(pair, k):
-    model, drafts = pair
+@pytest.fixture(scope="module", params=["gqa4", "mqa"])
+def pair(request):
+    return make_pair(request.param)
+
+
+# every k on one config, two on each of the others
+@pytest.mark.parametrize(
+    ("config", "k"),
+    [("gqa4", 1), ("gqa4", 2), ("gqa4", 4), ("gqa4", 8), ("mha", 2), ("mha", 8), ("mqa", 1), ("mqa", 4)],
+)
+def test_greedy_output_equals_plain_greedy_decoding(config, k):
+    model, drafts = make_pair(config)
     plain = ml.generate(model, PROMPTS, max_new_tokens=NEW)
     for kind, draft in drafts.items():
         stats = sp.SpeculativeStats()
@@ -39,7 +52,7 @@ def test_greedy_output_equals_plain_greedy_decoding(pair, k):
         assert 1 <= stats.tokens_per_forward <= k + 1
         if kind == "unrelated":  # a random guess in a vocabulary of hundreds
             assert stats.acceptance_rate < 0.1, stats
-        else:  # the target's own weights in bf16 predict what it predicts
+        else:  # the target's own weights in bf16 or int8 predict what it predicts
             assert stats.acceptance_rate > 0.6, stats
 
 
@@ -62,7 +75,7 @@ def test_stop_tokens_end_rows_as_without_a_draft(pair):
     stops = {plain[0][4], plain[2][1]}  # tokens each of these rows produces, early
     expected = ml.generate(model, PROMPTS, max_new_tokens=NEW, stop_tokens=stops)
     assert any(len(row) < NEW for row in expected)
-    for draft in drafts.values():
+    for draft in (drafts["unrelated"], drafts["self-int8"]):
         for k in (2, 5):
             got = ml.generate(
                 model, PROMPTS, max_new_tokens=NEW, stop_tokens=stops, draft=draft, speculate_k=k
