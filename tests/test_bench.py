@@ -221,4 +221,6 @@ def test_speculative_variants_give_the_plain_tokens(monkeypatch):
         assert "error" not in runs[name], runs[name].get("error")
         assert runs[name]["same_tokens"], name
         assert runs[name]["generate_tok_s"] > 0
+        spec = runs[name]["speculative"]
+        assert spec["k"] == int(name[-1]) and 1 <= spec["tokens_per_forward"] <= spec["k"] + 1
     assert bench.variants.TABLE["spec-int8-k8"].extra_positions == 8

@@ -192,6 +192,14 @@ def _measure_batch(out, net, runners, tokens, repeats, timeout, device, say) -> 
         _summarise(
             rec, net.args, b, c["prompt_len"], new_tokens, c["context"], element, out["ceilings"], device
         )
+        stats = getattr(runners[v], "stats", None)  # a speculative variant's last run (chapter 10)
+        if stats is not None:
+            rec["speculative"] = {
+                "k": stats.k,
+                "acceptance_rate": stats.acceptance_rate,
+                "alpha": stats.alpha,
+                "tokens_per_forward": stats.tokens_per_forward,
+            }
         if reference is not None:
             n = min(generated[v].shape[1], reference.shape[1])
             rec["same_tokens"] = bool(torch.equal(generated[v][:, :n].cpu(), reference[:, :n].cpu()))
