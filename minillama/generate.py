@@ -37,6 +37,39 @@ def argmax(x: torch.Tensor, chunk: int = 256) -> torch.Tensor:
     return best[:, 0] * chunk + within
 
 
+def probabilities(
+    logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None, top_p: float = 1.0
+) -> torch.Tensor:
+    """The distribution `sample` draws from when temperature > 0: softmax(logits / temperature) over
+    `[..., v]`, restricted to the top_k largest logits and to the top_p nucleus (zeros elsewhere; the
+    restricted rows are not renormalised, a draw by `draw` does not need it)."""
+    logits = logits.float() / temperature
+    if top_k is not None and top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    if top_p < 1.0:
+        # Meta's rule (llama3 `llama/generation.py` sample_top_p): keep the most probable tokens until
+        # the mass before a token reaches top_p; the most probable token always stays
+        sorted_probs, order = torch.sort(probs, dim=-1, descending=True)
+        drop = sorted_probs.cumsum(dim=-1) - sorted_probs > top_p
+        probs = probs.scatter(-1, order, sorted_probs.masked_fill(drop, 0.0))
+    return probs
+
+
+def draw(weights: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """One draw per row of `[b, v]` non-negative weights, index i with probability w_i / sum(w), without
+    a host sync: argmax of weights / Exp(1) noise (the exponential race, as gpt-fast samples); tokens of
+    weight 0 can never win (the noise is clamped away from 0, where 0 / 0 would be NaN and argmax would
+    pick a masked token)."""
+    noise = (
+        torch.empty_like(weights)
+        .exponential_(1, generator=generator)
+        .clamp_min_(torch.finfo(weights.dtype).tiny)
+    )
+    return argmax(weights / noise)
+
+
 def sample(
     logits: torch.Tensor,
     temperature: float = 0.0,
@@ -48,24 +81,7 @@ def sample(
     tempered softmax restricted to the top_k largest logits and to the top_p nucleus."""
     if temperature == 0:
         return argmax(logits)
-    logits = logits.float() / temperature
-    if top_k is not None and top_k < logits.shape[-1]:
-        kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    probs = torch.softmax(logits, dim=-1)
-    if top_p < 1.0:
-        # Meta's rule (llama3 `llama/generation.py` sample_top_p): keep the most probable tokens until
-        # the mass before a token reaches top_p; the most probable token always stays
-        sorted_probs, order = torch.sort(probs, dim=-1, descending=True)
-        drop = sorted_probs.cumsum(dim=-1) - sorted_probs > top_p
-        probs = probs.scatter(-1, order, sorted_probs.masked_fill(drop, 0.0))
-    # a draw from probs without a host sync: argmax of probs / Exp(1) noise (the exponential race,
-    # as gpt-fast samples); masked tokens have probability 0 and can never win
-    # (clamped away from 0, where 0 / 0 would be NaN and argmax would pick a masked token)
-    noise = (
-        torch.empty_like(probs).exponential_(1, generator=generator).clamp_min_(torch.finfo(probs.dtype).tiny)
-    )
-    return argmax(probs / noise)
+    return draw(probabilities(logits, temperature, top_k, top_p), generator)
 
 
 def prefill(
@@ -195,6 +211,10 @@ def generate(
     tokenizer=None,
     max_seq_len: int | None = None,
     decode_step=None,
+    draft: Transformer | None = None,
+    speculate_k: int = 4,
+    verify_step=None,
+    stats=None,
 ):
     """Continue each prompt by up to `max_new_tokens` tokens.
 
@@ -208,6 +228,14 @@ def generate(
     tokenizer); the stop token is not returned. The cache is set up for the longest prompt + the new
     tokens unless the model's cache already fits (`max_seq_len` forces its length). `decode_step`
     replaces `decode_one_token`, e.g. with `torch.compile(decode_one_token, fullgraph=True)` (chapter 8).
+
+    Speculative decoding (chapter 10, `minillama.speculative`): with `draft=` a smaller model of the
+    same vocabulary, the draft proposes `speculate_k` tokens per round and the target checks them in
+    one forward; greedy output equals the output without a draft, sampled output follows the target's
+    distribution. `decode_step` then runs the draft's one-token steps and `verify_step` (default
+    `speculative.verify`) the cached multi-position forwards: the target's k + 1-position verify pass
+    and the draft's two-position first step of each round; a `speculative.SpeculativeStats` passed
+    as `stats` records acceptance, tokens per target forward and time per token.
 
     Returns a list with each row's new token ids; with `stream=True` (one prompt) an iterator of text
     pieces as they decode (UTF-8 safe: no piece ends inside a character) when a tokenizer is given,
@@ -227,12 +255,71 @@ def generate(
         raise ValueError(
             f"stream=True decodes one prompt; got {len(rows)} (call once per prompt, or stream=False)"
         )
+    if draft is not None:
+        return _speculate(
+            model,
+            draft,
+            rows,
+            max_new_tokens,
+            stops,
+            sampling,
+            stream,
+            tokenizer,
+            max_seq_len,
+            speculate_k,
+            decode_step,
+            verify_step,
+            stats,
+        )
     _setup(model, rows, max_new_tokens, max_seq_len)  # before any generator starts: errors raise here
     steps = _steps(model, rows, max_new_tokens, stops, sampling, decode_step or decode_one_token)
     if stream:
         return _stream(steps, stops, tokenizer)
     out = torch.stack(list(steps), dim=1)
     return [_trim(row, stops) for row in out.tolist()]
+
+
+def _speculate(
+    model,
+    draft,
+    rows,
+    max_new_tokens,
+    stops,
+    sampling,
+    stream,
+    tokenizer,
+    max_seq_len,
+    k,
+    decode_step,
+    verify_step,
+    stats,
+):
+    from . import speculative
+
+    speculative.check_draft(model, draft, k)
+    longest = max(len(r) for r in rows)
+    for name, net in (("target", model), ("draft", draft)):
+        speculative.check_fit(net, name, longest, max_new_tokens, k, max_seq_len)
+        _setup(net, rows, max_new_tokens + k, max_seq_len)
+    rounds = speculative.rounds(
+        model,
+        draft,
+        rows,
+        max_new_tokens,
+        stops,
+        sampling,
+        k,
+        decode_step or decode_one_token,
+        verify_step,
+        stats,
+    )
+    if stream:  # one row: its tokens one at a time, as each round accepts them
+        return _stream((torch.tensor([t]) for out in rounds for t in out[0]), stops, tokenizer)
+    out = [[] for _ in rows]
+    for new in rounds:
+        for row, tokens in zip(out, new, strict=True):
+            row.extend(tokens)
+    return [_trim(row, stops) for row in out]
 
 
 def _stream(steps: Iterator[torch.Tensor], stops: set[int], tokenizer) -> Iterator[str] | Iterator[int]:

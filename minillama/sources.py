@@ -432,6 +432,20 @@ _ENTRIES = [
         (32, 37),
         "direct",
     ),
+    # speculative decoding (chapter 10): a reference loop to compare with, not a dependency
+    Source(
+        "gpt-fast-speculative",
+        "gpt-fast's speculative_decode: the draft decodes k tokens one at a time, the target runs one forward "
+        "over the k + 1 positions, a draft token is kept with probability min(1, target / draft), the first "
+        "rejected position draws from max(0, target - draft) normalised, and after a full acceptance the "
+        "draft is fed its last proposal.",
+        "pytorch-labs/gpt-fast",
+        "a4bd2f89999fde73a0224a78b7c60c73475971ec",
+        "generate.py",
+        (87, 135),
+        "direct",
+        note="batch 1 only; its comments name the target probability q and the draft's p, the reverse of the paper",
+    ),
 ]
 
 # tensor parallelism (chapter 11): Meta's model-parallel layers, and the three references the chapter follows;

@@ -216,3 +216,23 @@ def test_tp_variant_outside_torchrun_says_how_to_launch():
         ValueError, match="torchrun --nproc-per-node N -m minillama bench --variants static,tp"
     ):
         tensor_parallel(model, torch.device("cpu"))
+
+
+def test_speculative_variants_give_the_plain_tokens(monkeypatch):
+    """The spec-* rows run ml.generate with a draft; compilation is replaced by the eager functions here
+    (the compiled path is what `python -m minillama bench` measures), so this stays fast."""
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: fn)
+    args = ml.ModelArgs(
+        dim=64, n_layers=2, n_heads=8, n_kv_heads=2, vocab_size=512, multiple_of=32, max_seq_len=64
+    )
+    names = ["static", "spec-int8-k2", "spec-bf16-k4", "spec-small-k4"]
+    results = bench.run(args, prompt_len=6, new_tokens=9, repeats=1, variants=",".join(names), ceilings=False)
+    runs = {r["variant"]: r for r in results["runs"]}
+    assert set(runs) == set(names)
+    for name in names[1:]:
+        assert "error" not in runs[name], runs[name].get("error")
+        assert runs[name]["same_tokens"], name
+        assert runs[name]["generate_tok_s"] > 0
+        spec = runs[name]["speculative"]
+        assert spec["k"] == int(name[-1]) and 1 <= spec["tokens_per_forward"] <= spec["k"] + 1
+    assert bench.variants.TABLE["spec-int8-k8"].extra_positions == 8

@@ -64,7 +64,8 @@ def run(
     _check(model, batches, prompt_len, new_tokens, repeats)
     seq_len = prompt_len + new_tokens
     started = time.perf_counter()
-    net = build_model(model, device, dtype, seed, max_seq_len=seq_len)
+    extra = max(TABLE[v].extra_positions for v in variants)
+    net = build_model(model, device, dtype, seed, max_seq_len=seq_len + extra)
     say(f"{net.args.name}: {count_parameters(net.args).total:,} parameters, {dtype}, on {device}")
     hf = None
     if any(TABLE[v].impl == "hf" for v in variants):
@@ -77,7 +78,8 @@ def run(
     out = _header(model, net, hf, device, dtype, batches, prompt_len, new_tokens, repeats, variants, seed)
     # the cache holds the largest batch; a smaller batch uses its first rows, so the buffers keep
     # their shapes across the sweep (a compiled step then recompiles once, for a dynamic batch size)
-    net.setup_cache(max(batches), seq_len)
+    # (speculative variants write k positions past the last new token)
+    net.setup_cache(max(batches), seq_len + extra)
     runners = {v: TABLE[v].make(net, hf, device) for v in variants}
     generator = torch.Generator().manual_seed(seed)
     # no_grad rather than inference_mode: CUDA graphs and compiled steps are best trodden there (gpt-fast)
@@ -192,6 +194,14 @@ def _measure_batch(out, net, runners, tokens, repeats, timeout, device, say) -> 
         _summarise(
             rec, net.args, b, c["prompt_len"], new_tokens, c["context"], element, out["ceilings"], device
         )
+        stats = getattr(runners[v], "stats", None)  # a speculative variant's last run (chapter 10)
+        if stats is not None:
+            rec["speculative"] = {
+                "k": stats.k,
+                "acceptance_rate": stats.acceptance_rate,
+                "alpha": stats.alpha,
+                "tokens_per_forward": stats.tokens_per_forward,
+            }
         reference = references.get(TABLE[v].quant)
         if reference is not None:
             n = min(generated[v].shape[1], reference.shape[1])

@@ -21,6 +21,12 @@
   int8-compile             the same int8 copy, compiled (mode "default"); int4-g128-compile likewise
   torchao-int8             `ml.quantize(..., backend="torchao")`, compiled as torchao intends;
   torchao-int4-g128        on a CPU its prototype int4 layout
+  spec-int8-k2, -k4, -k8   `ml.generate` with speculative decoding (chapter 10): the target's own weights
+                           quantised to int8 draft k tokens a round; the draft's steps and the verify
+                           pass compiled (mode "default"); timed end to end, like generate
+  spec-bf16-k4             the same with the target's weights in bfloat16 as the draft
+  spec-small-k4            an unrelated draft: a quarter of the width and of the layers, its own random
+                           weights (acceptance near 0 with random weights: the cost of a useless draft)
 
 A variant is a `Variant(impl, make)`: `make(model, hf, device)` returns a runner once per benchmark run,
 and `runner.run(tokens, rows, new_tokens, warm)` generates `new_tokens` per row and returns `Timed`
@@ -38,6 +44,7 @@ from typing import NamedTuple
 import torch
 
 from ..generate import decode_one_token, generate, prefill
+from ..model import random_model
 from ..quantize import quantize
 from .timing import mark, spans, wall
 
@@ -115,6 +122,51 @@ class PublicGenerate:
         out = generate(self.model, rows, max_new_tokens=new_tokens, temperature=0.0)
         marks.append(mark(self.device))
         return Timed(None, None, spans(marks)[0], torch.tensor(out, device=self.device))
+
+
+class Speculative:
+    """`ml.generate` with a draft proposing `k` tokens a round (chapter 10), timed as a whole: the
+    draft's one-token steps and the cached multi-position forwards compiled. `draft`: "int8" or
+    "bf16" (the target's own weights, `speculative.self_draft`), or "small" (an unrelated smaller
+    model). `stats` holds the last run's acceptance figures."""
+
+    compiled = True
+
+    def __init__(self, model, device: torch.device, draft: str, k: int):
+        from .. import speculative as sp
+
+        self.model, self.device, self.k = model, device, k
+        if draft == "small":
+            a = model.args
+            small = a.replace(
+                dim=a.dim // 4, n_layers=max(1, a.n_layers // 4), n_heads=max(1, a.n_heads // 4), n_kv_heads=1
+            )
+            self.draft = random_model(small, device, model.tok_embeddings.weight.dtype, seed=1)
+        else:
+            self.draft = sp.self_draft(model, draft)
+        self.step = torch.compile(decode_one_token, fullgraph=True)
+        self.verify = torch.compile(sp.verify, fullgraph=True, dynamic=False)
+        self.stats = sp.SpeculativeStats()
+
+    def run(self, tokens, rows: list[list[int]], new_tokens: int, warm: bool = False) -> Timed:
+        from ..speculative import SpeculativeStats
+
+        self.stats = SpeculativeStats()
+        marks = [mark(self.device)]
+        out = generate(
+            self.model,
+            rows,
+            max_new_tokens=new_tokens,
+            temperature=0.0,
+            draft=self.draft,
+            speculate_k=self.k,
+            decode_step=self.step,
+            verify_step=self.verify,
+            stats=self.stats,
+        )
+        marks.append(mark(self.device))
+        seconds = spans(marks)[0]
+        return Timed(None, None, seconds, torch.tensor(out, device=self.device), (seconds,) if warm else ())
 
 
 class _StepMarks:
@@ -196,6 +248,7 @@ class Variant(NamedTuple):
     impl: str  # "minillama" or "hf": which side of the comparison
     make: Callable  # (model, hf peer or None, device) -> a runner with .run(...) and .compiled
     quant: tuple | None = None  # (format, group_size, backend) of a quantised copy; None: the model as is
+    extra_positions: int = 0  # cache positions beyond prompt + new tokens (a speculative round's k)
 
 
 def _quantised(fmt: str, group_size: int | None, backend: str = "minillama", compile_mode=None) -> Variant:
@@ -235,6 +288,12 @@ TABLE: dict[str, Variant] = {
     "int4-g128-compile": _quantised("int4", 128, compile_mode="default"),
     "torchao-int8": _quantised("int8", None, "torchao", compile_mode="default"),
     "torchao-int4-g128": _quantised("int4", 128, "torchao", compile_mode="default"),
+    **{
+        f"spec-{draft}-k{k}": Variant(
+            "minillama", lambda m, hf, d, draft=draft, k=k: Speculative(m, d, draft, k), k
+        )
+        for draft, k in [("int8", 2), ("int8", 4), ("int8", 8), ("bf16", 4), ("small", 4)]
+    },
 }
 # weight-only quantised variants (chapter 9): not in the defaults, asked for by name
 QUANTISED = tuple(v for v, variant in TABLE.items() if variant.quant is not None)
