@@ -290,7 +290,7 @@ TABLE: dict[str, Variant] = {
     "torchao-int4-g128": _quantised("int4", 128, "torchao", compile_mode="default"),
     **{
         f"spec-{draft}-k{k}": Variant(
-            "minillama", lambda m, hf, d, draft=draft, k=k: Speculative(m, d, draft, k), k
+            "minillama", lambda m, hf, d, draft=draft, k=k: Speculative(m, d, draft, k), extra_positions=k
         )
         for draft, k in [("int8", 2), ("int8", 4), ("int8", 8), ("bf16", 4), ("small", 4)]
     },
