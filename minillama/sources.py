@@ -495,6 +495,20 @@ _ENTRIES += [
     ),
 ]
 
+# chapter 11: the measured tensor-parallel decode speeds that calibrate the per-collective latency
+_ENTRIES += [
+    Source(
+        "gpt-fast-tp-bench",
+        "gpt-fast on A100-80GB GPUs power-limited to 330 W: Llama-2-70B decodes at 20.53 tok/s on 2 GPUs, "
+        "34.15 on 4 and 47.25 on 8 with tensor parallelism (on 1 GPU it does not fit).",
+        "pytorch-labs/gpt-fast",
+        "d2c5d8223fd00ab5ce469d8fdd93a7de78fb8b4a",
+        "README.md",
+        ((46, 47), (61, 71)),
+        "direct",
+    ),
+]
+
 SOURCES: dict[str, Source] = {s.key: s for s in _ENTRIES}
 
 
