@@ -59,27 +59,12 @@ def _device(name: str) -> torch.device:
     return device
 
 
-def cmd_generate(ns) -> int:
+def _generation_model(ns, device, dtype, mesh, echo):
+    """The model and tokenizer `generate` runs: a checkpoint (under --tp each rank reads only its own slices)
+    or random weights, quantised when asked; a vocabulary smaller than the tokenizer's is a usage error."""
     from .checkpoint import load
-    from .generate import generate
-    from .tokenizer import StreamDecoder, Tokenizer
+    from .tokenizer import Tokenizer
 
-    if (ns.checkpoint is None) == (ns.model is None):
-        raise UsageError(
-            "pass exactly one of --checkpoint DIR (real weights) or --model NAME (random weights)"
-        )
-    device = _device(ns.device)
-    dtype = _dtype(ns.dtype)
-    mesh = _tp_mesh(ns.tp) if ns.tp is not None else None
-    if mesh is not None:  # one device per rank: cuda:LOCAL_RANK (set by init), or the CPU
-        device = (
-            torch.device("cuda", torch.cuda.current_device())
-            if mesh.device_type == "cuda"
-            else torch.device("cpu")
-        )
-    # under torchrun every rank runs this; only rank 0 prints
-    echo = print if mesh is None or mesh.get_local_rank() == 0 else (lambda *a, **k: None)
-    started = time.perf_counter()
     if ns.checkpoint is not None:
         if not Path(ns.checkpoint).is_dir():
             raise UsageError(f"checkpoint directory not found: {ns.checkpoint}")
@@ -118,6 +103,45 @@ def cmd_generate(ns) -> int:
         raise UsageError(
             f"the model's vocab_size={model.args.vocab_size} is smaller than the tokenizer's {tokenizer.n_words}"
         )
+    return model, tokenizer
+
+
+def _print_stream(steps, tokenizer, echo) -> tuple[float | None, float | None, int]:
+    """Print the text as the tokens arrive (whole UTF-8 characters only); (first, last arrival time, count)."""
+    from .tokenizer import StreamDecoder
+
+    decoder = StreamDecoder(tokenizer)
+    first = last = None
+    count = 0
+    for token in steps:
+        last = time.perf_counter()
+        first = first or last
+        count += 1
+        echo(decoder.push(token), end="", flush=True)
+    echo(decoder.flush())
+    return first, last, count
+
+
+def cmd_generate(ns) -> int:
+    from .generate import generate
+
+    if (ns.checkpoint is None) == (ns.model is None):
+        raise UsageError(
+            "pass exactly one of --checkpoint DIR (real weights) or --model NAME (random weights)"
+        )
+    device = _device(ns.device)
+    dtype = _dtype(ns.dtype)
+    mesh = _tp_mesh(ns.tp) if ns.tp is not None else None
+    if mesh is not None:  # one device per rank: cuda:LOCAL_RANK (set by init), or the CPU
+        device = (
+            torch.device("cuda", torch.cuda.current_device())
+            if mesh.device_type == "cuda"
+            else torch.device("cpu")
+        )
+    # under torchrun every rank runs this; only rank 0 prints
+    echo = print if mesh is None or mesh.get_local_rank() == 0 else (lambda *a, **k: None)
+    started = time.perf_counter()
+    model, tokenizer = _generation_model(ns, device, dtype, mesh, echo)
     loaded = time.perf_counter()
     if ns.chat:
         messages = [{"role": "system", "content": ns.system}] if ns.system else []
@@ -135,16 +159,8 @@ def cmd_generate(ns) -> int:
         stop_tokens=tokenizer.stop_tokens,
         stream=True,
     )
-    decoder = StreamDecoder(tokenizer)
     start = time.perf_counter()
-    first = last = None
-    count = 0
-    for token in steps:
-        last = time.perf_counter()
-        first = first or last
-        count += 1
-        echo(decoder.push(token), end="", flush=True)
-    echo(decoder.flush())
+    first, last, count = _print_stream(steps, tokenizer, echo)
     weights = f"{model.tok_embeddings.weight.dtype}".replace("torch.", "")
     if ns.quantize is not None:
         weights += f", {ns.quantize}" + (f" g{ns.group_size}" if ns.quantize == "int4" else "") + " weights"
