@@ -83,3 +83,34 @@ def checkpoint(family: str = "llama-3.1-8b") -> str | None:
         args = stand_in(family).replace(vocab_size=MODELS[family].vocab_size)  # the real tokenizer's ids
         save(Transformer(args).to(torch.bfloat16), folder)
     return str(folder)
+
+
+# A figure is drawn at most FIGURE_WIDTH inches wide (96 px per inch in the browser) and shrinks to the
+# column on a phone: a 390 px screen leaves about 350 px, so text of FONT_PT points renders at
+# FONT_PT * 96/72 * 350 / (FIGURE_WIDTH * 96) px ≈ 10.9 px for 12 pt at 6 in (the site test measures it).
+FIGURE_WIDTH = 6.0
+FONT_PT = 12
+
+
+def figures(width: float = FIGURE_WIDTH, height: float = 3.6) -> None:
+    """Matplotlib as the book draws it: SVG with real text (vector, and measurable by the site test),
+    figures `width` inches wide by default, text of `FONT_PT` points or more, so it stays legible at 390 px."""
+    import matplotlib as mpl
+    from matplotlib_inline.backend_inline import set_matplotlib_formats
+
+    if width > FIGURE_WIDTH:
+        raise ValueError(f"width={width} in: the book's figures are at most {FIGURE_WIDTH} in wide (phones)")
+    set_matplotlib_formats("svg", metadata={"Date": None})  # no timestamp: re-running changes nothing
+    mpl.rcParams.update({
+        "figure.figsize": (width, height),
+        "svg.fonttype": "none",  # text stays text: searchable, measurable, sharp at any zoom
+        "svg.hashsalt": "minillama",  # stable ids, so re-executing a notebook does not churn its SVG
+        "font.size": FONT_PT,
+        "axes.titlesize": FONT_PT,
+        "axes.labelsize": FONT_PT,
+        "xtick.labelsize": FONT_PT - 1,
+        "ytick.labelsize": FONT_PT - 1,
+        "legend.fontsize": FONT_PT - 1,
+        "figure.dpi": 96,
+        "figure.constrained_layout.use": True,
+    })
