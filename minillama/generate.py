@@ -146,7 +146,8 @@ def context_overflow(prompt_len: int, max_new_tokens: int, limit: int, names=("m
     if needed <= limit:
         return None
     new, cap = names
-    fix = f"cut the prompt by {needed - limit} tokens (to {limit - max_new_tokens + 1})"
+    cut = needed - limit
+    fix = f"cut the prompt by {cut} token{'s' if cut > 1 else ''} (to {limit - max_new_tokens + 1})"
     if prompt_len <= limit:  # the prompt alone fits: fewer new tokens is the other way
         fix += f", or lower {new} to {limit - prompt_len + 1}"
     return (

@@ -297,3 +297,29 @@ def test_speculative_variants_give_the_plain_tokens(monkeypatch):
         spec = runs[name]["speculative"]
         assert spec["k"] == int(name[-1]) and 1 <= spec["tokens_per_forward"] <= spec["k"] + 1
     assert bench.variants.TABLE["spec-int8-k8"].extra_positions == 8
+
+
+def test_quantize_cpu_says_what_to_install_before_building_anything(tmp_path):
+    """benchmarks/quantize_cpu.py without torchao: its torchao variants are named with the install line and
+    the --variants that run without it, before the minute of building (nothing is written)."""
+    import importlib.util
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    if importlib.util.find_spec("torchao") is not None:
+        pytest.skip("torchao is installed here: the script runs its variants")
+    root = Path(__file__).resolve().parent.parent
+    run = subprocess.run(
+        [sys.executable, str(root / "benchmarks" / "quantize_cpu.py")],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(root)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 1 and "Traceback" not in run.stderr
+    assert "need torchao" in run.stderr and "pip install torchao==0.18.0" in run.stderr
+    assert "--variants bf16,int8," in run.stderr and "torchao-int8" not in run.stderr.split("--variants")[-1]
+    assert not list(tmp_path.rglob("*.json"))
