@@ -101,7 +101,9 @@ part Q 200 --batch 1 --repeats 3 \
   --variants static,int8,int8-compile,int4-g128,int4-g128-compile$([ $AO = 1 ] && echo ,torchao-int8,torchao-int4-g128)
 if [ -f "$PARTS/Q.json" ]; then
   mkdir -p "$DEST/quantised"
-  cp "$PARTS/Q.json" "$DEST/quantised/$(date -u +%F)-gpu.json"
+  q="$DEST/quantised/$(date -u +%F)-gpu.json" n=1
+  while [ -e "$q" ]; do n=$((n + 1)); q="$DEST/quantised/$(date -u +%F)-gpu-$n.json"; done  # never replace one
+  cp "$PARTS/Q.json" "$q"
 fi
 
 "$PY" - "$PARTS" "$DEST" <<'EOF'
@@ -112,7 +114,8 @@ parts = [json.load(open(p)) for p in sorted(glob.glob(f"{parts_dir}/[A-E].json")
 if not parts:  # (ONLY=Q: the quantised part is saved on its own, under quantised/)
     sys.exit(0 if glob.glob(f"{parts_dir}/Q.json") else "no part finished: nothing to merge")
 merged = bench.merge_results(parts)
-path = bench.save_results(merged, f"{dest}/{merged['machine']['slug']}-{merged['machine']['date']}.json")
+# a second run on the same day adds -2, -3, ...: a committed result is never replaced
+path = bench.save_results(merged, bench.fresh_path(f"{dest}/{merged['machine']['slug']}-{merged['machine']['date']}.json"))
 print(bench.table(merged))
 print("results:", path)
 EOF

@@ -137,17 +137,34 @@ def _check_sampling(temperature, top_k, top_p, max_new_tokens):
         raise ValueError(f"top_p={top_p} must be in (0, 1] (1 keeps every token)")
 
 
+def context_overflow(prompt_len: int, max_new_tokens: int, limit: int, names=("max_new_tokens", "max_seq_len")):
+    """None when a prompt of `prompt_len` tokens and `max_new_tokens` new ones fit `limit` cache positions,
+    else the message: how many positions they need, how many prompt tokens to cut, and the largest
+    `max_new_tokens` that fits when one does. `names`: how the caller spells the two settings (the CLI
+    says --max-new-tokens)."""
+    needed = prompt_len + max_new_tokens - 1  # the last new token is never fed back, so never cached
+    if needed <= limit:
+        return None
+    new, cap = names
+    cut = needed - limit
+    fix = f"cut the prompt by {cut} token{'s' if cut > 1 else ''} (to {limit - max_new_tokens + 1})"
+    if prompt_len <= limit:  # the prompt alone fits: fewer new tokens is the other way
+        fix += f", or lower {new} to {limit - prompt_len + 1}"
+    return (
+        f"a prompt of {prompt_len} tokens + {max_new_tokens} new tokens needs {needed} cache positions, more "
+        f"than {cap}={limit} (the last new token is never cached: {prompt_len} + {max_new_tokens} - 1); {fix}"
+    )
+
+
 def _setup(model: Transformer, rows: list[list[int]], max_new_tokens: int, max_seq_len: int | None) -> None:
     """Check that the prompts and new tokens fit, and give the model a cache that holds them."""
     b, longest = len(rows), max(len(r) for r in rows)
     needed = longest + max_new_tokens - 1  # the last new token is never fed back
     limit = max_seq_len if max_seq_len is not None else model.args.max_seq_len
-    if needed > limit:
-        raise ValueError(
-            f"a prompt of {longest} tokens + {max_new_tokens} new tokens needs {needed} cache positions, more "
-            f"than max_seq_len={limit}; shorten the prompt, lower max_new_tokens to {max(limit - longest + 1, 0)}"
-            f"{', or pass a larger max_seq_len' if max_seq_len is not None else ''}"
-        )
+    if message := context_overflow(longest, max_new_tokens, limit):
+        if max_seq_len is not None and max_seq_len < model.args.max_seq_len:
+            message += f", or pass a larger max_seq_len (up to the model's {model.args.max_seq_len})"
+        raise ValueError(message)
     vocab = model.args.vocab_size
     for i, row in enumerate(rows):
         if min(row) < 0 or max(row) >= vocab:

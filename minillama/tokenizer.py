@@ -208,11 +208,17 @@ class Tokenizer:
         `checkpoint` may be a GGUF file (its own vocabulary: this class for Llama 3's, else a
         `GGUFTokenizer` with the same interface, see `tokenizer_gguf.py`), a ranks file, or a directory holding `tokenizer.model` (Meta's layout) or
         `original/tokenizer.model` (Hugging Face's copy of Meta's files). Without one there, every
-        Llama 3.x model shares the ranks file shipped in `llama_models/llama3/`.
+        Llama 3.x model shares the ranks file shipped in `llama_models/llama3/`. A `checkpoint` that does
+        not exist raises `FileNotFoundError` (it is a mistake, not a request for the shipped file).
         """
         looked: list[str] = []
         if checkpoint is not None:
             checkpoint = Path(checkpoint)
+            if not checkpoint.exists():  # a typo must not fall back to the shipped ranks silently
+                raise FileNotFoundError(
+                    f"{checkpoint} does not exist; pass a .gguf file, a ranks file ({TOKENIZER_FILE}) or a checkpoint "
+                    f"directory, or call Tokenizer.default() for the Llama 3 ranks shipped with llama-models"
+                )
             if checkpoint.is_file() and checkpoint.suffix.lower() == ".gguf":
                 return cls._from_gguf(checkpoint)
             if checkpoint.is_file():
