@@ -210,7 +210,10 @@ def cmd_serve(ns) -> int:
     name = ns.served_model_name or ns.model or Path(ns.checkpoint).name
     print(f"serving {name!r} on http://{ns.host}:{ns.port}/v1 ({engine.num_blocks} KV blocks of "
           f"{engine.block_size} positions, at most {ns.max_batch} sequences per step)", file=sys.stderr)  # fmt: skip
-    serve(engine, tokenizer, name, host=ns.host, port=ns.port, log_level=ns.log_level)
+    try:
+        serve(engine, tokenizer, name, host=ns.host, port=ns.port, log_level=ns.log_level)
+    except KeyboardInterrupt:  # uvicorn re-raises the Ctrl-C it shut down on: a clean stop
+        pass
     return 0
 
 

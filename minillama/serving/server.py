@@ -36,6 +36,7 @@ from collections.abc import AsyncIterator
 from .openai_schema import APIError, ChatCompletionRequest, CompletionRequest, parse
 
 MAX_BODY_BYTES = 4 * 2**20  # a full 128k-token prompt as text or as ids fits well within this
+DISCONNECT_POLL = 0.1  # seconds between checks that the client of a non-streamed request is still there
 DRAIN_BYTES = 64 * 2**20  # an oversized body is read (and dropped) up to this, so the client sees its 413
 
 
@@ -471,7 +472,7 @@ class Server:
                     event = await stream.events.get()
                 else:  # no stream to write to: look for a disconnected client while waiting
                     try:
-                        event = await asyncio.wait_for(stream.events.get(), timeout=0.5)
+                        event = await asyncio.wait_for(stream.events.get(), timeout=DISCONNECT_POLL)
                     except TimeoutError:
                         if await request.is_disconnected():
                             return
