@@ -21,13 +21,16 @@ from .attention import Attention
 from .cards import card, card_tabs, tensor_card
 from .checkpoint import load, load_args, save
 from .config import MODELS, ModelArgs
+from .decode import decode_one_token, prefill
 from .ffn import FeedForward
-from .generate import decode_one_token, generate, prefill, sample
+from .generate import generate
 from .kv_cache import KVCache
 from .model import Transformer, TransformerBlock
 from .norm import RMSNorm
 from .quantize import quantize
 from .rope import RotaryEmbedding, apply_rotary, inv_freq
+from .sampling import sample
+from .serving import Engine, SamplingParams
 from .tokenizer import Tokenizer
 
 

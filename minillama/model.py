@@ -11,6 +11,11 @@ Two ways to call it:
   cache rows p .. p+t-1 and attends to rows 0 .. p+t-1. `p` is an int, a 0-d integer tensor, or a
   `[b]` tensor of per-row starts (ragged batches). With a tensor nothing depends on Python-side
   positions, so a compiled decode step never recompiles as positions advance.
+- `model(tokens, paged=view)` (chapter 12, `minillama.serving`): the keys and values live in a pool of
+  fixed-size blocks installed as each attention's cache; `view` says where each row's new tokens go
+  (`slots`), at which positions (`positions` `[b, t]`) and which blocks each row reads (`block_tables`).
+  The model knows nothing of requests or scheduling: it builds the causal mask from the positions, as
+  for the static cache, and the cache object does the writing and the reading.
 """
 
 import torch
@@ -86,15 +91,20 @@ class Transformer(nn.Module):
         for layer in self.layers:
             layer.attention.cache.reset()
 
-    def forward(self, tokens: torch.Tensor, start_pos=None, logits_at=None) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, start_pos=None, logits_at=None, paged=None) -> torch.Tensor:
         """tokens `[b, t]` -> float32 logits `[b, t, v]`. `logits_at`: None for every position, an
         int (e.g. -1) or a `[b]` tensor of per-row indices into t for one position per row
-        (`[b, 1, v]`): prefill needs only the next-token logits, and the head is the largest matrix."""
-        self._check(tokens, start_pos)
+        (`[b, 1, v]`): prefill needs only the next-token logits, and the head is the largest matrix.
+        `paged`: a paged cache view (`minillama.serving.PagedView`) instead of `start_pos`."""
+        if paged is None:
+            self._check(tokens, start_pos)
         b, t = tokens.shape
         steps = torch.arange(t, device=tokens.device)
         end = None
-        if start_pos is None:  # full causal forward over the tokens alone
+        if paged is not None:  # each row at its own positions; keys read through its block table
+            positions, cached = paged.positions, paged  # the view travels to each attention's cache
+            keys = torch.arange(paged.num_keys, device=tokens.device)
+        elif start_pos is None:  # full causal forward over the tokens alone
             positions, cached, keys = steps[None], None, steps
         else:
             if isinstance(start_pos, int):

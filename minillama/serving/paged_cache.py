@@ -1,0 +1,78 @@
+"""A paged KV cache: one pool of fixed-size blocks per layer, read through block tables (chapter 12).
+
+A static cache (chapter 5) gives every sequence `max_seq_len` rows up front; most of them are never
+written. Here a layer's keys and values live in a pool `[n, bs, kv, hd]` of n blocks of bs positions
+each. A sequence owns a list of block ids, its block table; its position p lives in block
+`table[p // bs]` at offset `p % bs`, which flattens to the slot `table[p // bs] · bs + p % bs` of the
+pool seen as `[(n bs), kv, hd]`. Blocks are handed out as a sequence grows, so a sequence holds at most
+bs - 1 unused positions (Kwon et al. 2023, "Efficient Memory Management for Large Language Model
+Serving with PagedAttention", section 4; nano-vllm keeps one such pool for all layers,
+GeeeekExplorer/nano-vllm `nanovllm/engine/model_runner.py` `allocate_kv_cache`).
+
+Reading: a row's blocks are gathered into a contiguous `[b, kv, s, hd]` (s = the longest table in the
+batch times bs) and the model's own `scaled_dot_product_attention` runs on them with the causal mask
+built from positions; table entries past a row's length point at block 0 and are masked. On a GPU a
+paged kernel (vLLM's PagedAttention, FlashInfer, FlexAttention's paged path) reads the blocks in
+place instead of copying them; on a CPU the copy is a small share of a step (chapter 12 measures it).
+
+Shapes: pool `[n, bs, kv, hd]`; k, v in `[b, kv, t, hd]`; slots `[b, t]` (-1: a pad, not written);
+block_tables `[b, m]`; out `[b, kv, (m bs), hd]`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from einops import rearrange
+from torch import nn
+
+
+@dataclass(frozen=True)
+class PagedView:
+    """What one forward over a paged cache needs to know, for a batch of b rows of t new tokens.
+
+    positions `[b, t]`: each new token's position in its sequence (a pad's: 0); slots `[b, t]`: the pool
+    slot each new token's key and value go to (-1 for pads); block_tables `[b, m]`: the blocks each row
+    reads, in order (padded with block 0); block_size: positions per block."""
+
+    positions: torch.Tensor
+    slots: torch.Tensor
+    block_tables: torch.Tensor
+    block_size: int
+
+    @property
+    def num_keys(self) -> int:
+        """Keys a row's query may look at: the table's width in positions (the mask hides the rest)."""
+        return self.block_tables.shape[1] * self.block_size
+
+
+class PagedKVCache(nn.Module):
+    def __init__(
+        self, num_blocks: int, block_size: int, n_kv_heads: int, head_dim: int, device=None, dtype=None
+    ):
+        super().__init__()
+        shape = (num_blocks, block_size, n_kv_heads, head_dim)
+        # zeros, not empty: a masked key still multiplies its value by a zero weight, and 0 · NaN is NaN
+        self.register_buffer("k", torch.zeros(shape, device=device, dtype=dtype), persistent=False)
+        self.register_buffer("v", torch.zeros(shape, device=device, dtype=dtype), persistent=False)
+
+    @property
+    def num_blocks(self) -> int:
+        return self.k.shape[0]
+
+    @property
+    def block_size(self) -> int:
+        return self.k.shape[1]
+
+    def update(self, view: PagedView, k: torch.Tensor, v: torch.Tensor):
+        """Write the new keys and values `[b, kv, t, hd]` to their slots; return each row's keys and
+        values gathered through its block table, `[b, kv, s, hd]` (the mask hides what the row has not written)."""
+        slots = view.slots.reshape(-1)
+        real = slots >= 0
+        for pool, new in ((self.k, k), (self.v, v)):
+            new = rearrange(new, "b kv t hd -> (b t) kv hd")
+            pool.view(-1, *pool.shape[2:]).index_copy_(0, slots[real], new[real])
+        return tuple(
+            rearrange(pool[view.block_tables], "b m bs kv hd -> b kv (m bs) hd") for pool in (self.k, self.v)
+        )
