@@ -7,6 +7,7 @@
     python -m minillama count llama-3.1-8b                         # the parameter accounting table
     python -m minillama card attention --model llama-3.1-8b --mode decode --positions 1000
     python -m minillama bench                                      # decode/prefill throughput
+    python -m minillama serve --checkpoint DIR --port 8000         # an OpenAI-compatible server
 
 Bad arguments end with exit code 2 and one line on stderr.
 """
@@ -325,6 +326,36 @@ def _tp_mesh(degree: int):
         raise UsageError(str(error)) from None
 
 
+def cmd_serve(ns) -> int:
+    """`serve`: the model behind an OpenAI-compatible HTTP server on the continuous-batching engine
+    (chapter 12, `minillama.serving.server`); runs until Ctrl-C."""
+    if (ns.checkpoint is None) == (ns.model is None):
+        raise UsageError(
+            "pass exactly one of --checkpoint DIR (real weights) or --model NAME (random weights)"
+        )
+    if not 0 <= ns.port <= 65535:
+        raise UsageError(f"--port {ns.port} is not a TCP port (0..65535)")
+    try:
+        from .serving import Engine
+        from .serving.server import serve
+    except ImportError as error:
+        raise UsageError(
+            f"{error} (the server is the `serve` extra: pip install 'minillama[serve]')"
+        ) from None
+    model, tokenizer = _generation_model(ns, _device(ns.device), _dtype(ns.dtype), None, print)
+    engine = Engine(
+        model, tokenizer, block_size=ns.block_size, num_blocks=ns.num_blocks, max_batch=ns.max_batch
+    )
+    name = ns.served_model_name or ns.model or Path(ns.checkpoint).name
+    print(f"serving {name!r} on http://{ns.host}:{ns.port}/v1 ({engine.num_blocks} KV blocks of "
+          f"{engine.block_size} positions, at most {ns.max_batch} sequences per step)", file=sys.stderr)  # fmt: skip
+    try:
+        serve(engine, tokenizer, name, host=ns.host, port=ns.port, log_level=ns.log_level)
+    except KeyboardInterrupt:  # uvicorn re-raises the Ctrl-C it shut down on: a clean stop
+        pass
+    return 0
+
+
 def shape_of(name: str, option: str = "MODEL") -> ModelArgs:
     """The `ModelArgs` of a catalogue name or a checkpoint folder's config (`count`, `card --model`); anything
     else is a usage error naming the problem: a missing folder, a file, a hub id, a near-miss name."""
@@ -473,6 +504,43 @@ def parser() -> argparse.ArgumentParser:
     )
     c.add_argument("model", metavar="MODEL", help=f"one of {', '.join(MODELS)}, or a checkpoint directory")
     c.set_defaults(run=cmd_count)
+
+    v = sub.add_parser(
+        "serve",
+        help="an OpenAI-compatible HTTP server (/v1/completions, /v1/chat/completions) on the batching engine",
+        description="Serve a checkpoint, or random weights of a named shape, over OpenAI's HTTP API; every "
+        "request joins the engine's continuous batch. Needs the `serve` extra: pip install 'minillama[serve]'.",
+    )
+    src = v.add_argument_group("weights (one of)")
+    src.add_argument("--checkpoint", metavar="PATH", help="a Meta or Hugging Face checkpoint directory")
+    src.add_argument(
+        "--model", metavar="NAME", help=f"random weights of a catalogue shape: {', '.join(MODELS)}"
+    )
+    v.add_argument(
+        "--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)"
+    )
+    v.add_argument("--port", type=int, default=8000, help="TCP port (default 8000)")
+    v.add_argument(
+        "--served-model-name", metavar="NAME", help="the model id clients send (default: from the weights)"
+    )
+    v.add_argument(
+        "--max-batch", type=int, default=32, metavar="N", help="most sequences per engine step (32)"
+    )
+    v.add_argument(
+        "--num-blocks", type=int, default=None, metavar="N", help="KV-cache blocks (default: the engine's)"
+    )
+    v.add_argument(
+        "--block-size", type=int, default=16, metavar="N", help="positions per KV-cache block (16)"
+    )
+    v.add_argument(
+        "--max-seq-len", type=int, default=None, metavar="N", help="cap the context (default: the config's)"
+    )
+    v.add_argument("--device", default="auto", help="cpu, cuda, cuda:N, mps (default: cuda if available)")
+    v.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"),
+                   help="weights dtype (default: the checkpoint's; random weights: float32 on CPU, else bfloat16)")  # fmt: skip
+    v.add_argument("--seed", type=int, default=0, metavar="S", help="seed of random weights")
+    v.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
+    v.set_defaults(run=cmd_serve, quiet=False, quantize=None, group_size=None)
 
     for name, (_module, _function, text) in DELEGATED.items():
         p = sub.add_parser(name, help=text, add_help=False, description=text)
