@@ -81,3 +81,13 @@ def test_the_readme_says_what_the_commands_need():
     assert "when its notebook lands" not in README
     snippet = re.search(r"```python\n(.*?)```", README.split("## Using the package", 1)[1], re.S).group(1)
     assert "print(tok.decode(out[0]))" in snippet and "torch.manual_seed(0)" in snippet
+
+
+def test_a_python_without_the_dependencies_is_told_which_python_to_use(tmp_path):
+    """The system Python in the repository root finds the package but not torch or einops: one message
+    naming what is missing and `.venv/bin/python -m minillama`, not a traceback ending in `import einops`."""
+    code = f"import sys; sys.path.insert(0, {str(ROOT)!r}); import minillama"
+    run = subprocess.run([sys.executable, "-S", "-c", code], cwd=tmp_path, capture_output=True, text=True)  # -S: no site-packages
+    assert run.returncode == 1
+    last = run.stderr.strip().splitlines()[-1]
+    assert last.startswith("ImportError: minillama needs torch, einops") and ".venv/bin/python -m minillama" in last
