@@ -16,7 +16,8 @@
 # checkout with `pip install -e . --no-deps` (falling back to PYTHONPATH), and takes missing pure-python
 # dependencies from benchmarks/wheels/ when that folder exists.
 #
-#   bash benchmarks/gpu_h200.sh            # results in $OUT (when set) or benchmarks/results/
+#   bash benchmarks/gpu_h200.sh            # results in $OUT (when set) or benchmarks/results/ (published; a
+#                                          # same-day rerun adds -2, never replaces a file)
 #   BUDGET=400 bash benchmarks/gpu_h200.sh # a tighter overall limit in seconds (default 570)
 #   ONLY=Q bash benchmarks/gpu_h200.sh     # only the named parts (comma-separated), e.g. the quantised one
 set -uo pipefail

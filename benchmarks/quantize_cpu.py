@@ -27,9 +27,9 @@ anything.
 import argparse
 import copy
 import importlib.util
-import sys
 import json
 import statistics
+import sys
 import time
 from pathlib import Path
 

@@ -7,6 +7,8 @@ p rotary pairs (hd / 2), v vocabulary.
 
 __version__ = "0.1.0"
 
+# first: a Python without torch, einops, ... gets one line saying which Python to use
+from . import _requires  # isort: skip
 from . import notebook
 from .accounting import (
     count_parameters,

@@ -6,10 +6,12 @@
     torchrun --nproc-per-node 2 -m minillama generate --checkpoint DIR --prompt hi --tp 2   # tensor-parallel
     python -m minillama count llama-3.1-8b                         # the parameter accounting table
     python -m minillama card attention --model llama-3.1-8b --mode decode --positions 1000
-    python -m minillama bench                                      # decode/prefill throughput
+    python -m minillama bench                                      # decode/prefill throughput -> benchmarks/local/
+    python -m minillama --version
     python -m minillama serve --checkpoint DIR --port 8000         # an OpenAI-compatible server
 
-Bad arguments end with exit code 2 and one line on stderr.
+Bad arguments end with exit code 2 and one line on stderr, before any weights are read or made: settings,
+names and paths, the prompt against the context, and the memory random weights of a catalogue shape need.
 """
 
 from __future__ import annotations
