@@ -127,6 +127,27 @@ def test_smollm2_chat_answer_matches_transformers(smol, hf):
     assert tok.stop_tokens == (hf_tok.convert_tokens_to_ids("<|im_end|>"),) and len(ours) < 32
 
 
+def test_smollm2_dialogs_render_as_transformers_renders_them(smol, hf):
+    _, tok = smol
+    hf_tok = hf[1]
+    dialog = [
+        {"role": "system", "content": "You answer in one word."},
+        {"role": "user", "content": "Capital of Italy?"},
+        {"role": "assistant", "content": "Rome."},
+        {"role": "user", "content": "And of Spain? 🇪🇸"},
+    ]
+    for messages, prompt in ((dialog, True), (dialog, False), (CHAT, False)):
+        theirs = hf_tok.apply_chat_template(messages, add_generation_prompt=prompt, tokenize=False)
+        assert tok.render_dialog(messages, add_generation_prompt=prompt) == theirs
+        assert tok.encode_dialog(messages, add_generation_prompt=prompt) == hf_tok.encode(
+            theirs, add_special_tokens=False
+        )
+    # the file's vocabulary adds no beginning-of-text id (tokenizer.ggml.add_bos_token is false), as in HF
+    assert tok.encode("Hi", bos=True) == tok.encode("Hi") == hf_tok.encode("Hi")
+    with pytest.raises(TypeError, match="list of messages"):
+        tok.encode_dialog({"role": "user", "content": "hi"})
+
+
 TEXTS = [
     "Hello",
     "Hello, world! It's a café in Zürich; naïve coöperation.",
