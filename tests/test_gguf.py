@@ -148,6 +148,16 @@ def test_smollm2_dialogs_render_as_transformers_renders_them(smol, hf):
         tok.encode_dialog({"role": "user", "content": "hi"})
 
 
+def test_a_folder_holding_one_gguf_is_that_checkpoint(smol_path, smol, tmp_path):
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "smol.gguf").symlink_to(smol_path)
+    assert ml.load_args(tmp_path / "model") == smol[0].args.replace(name="smol")
+    assert ml.Tokenizer.default(tmp_path / "model").encode("Hello, world") == smol[1].encode("Hello, world")
+    (tmp_path / "model" / "other.gguf").symlink_to(smol_path)
+    with pytest.raises(ValueError, match="2 GGUF files: pass the path of the one to load"):
+        ml.load_args(tmp_path / "model")
+
+
 TEXTS = [
     "Hello",
     "Hello, world! It's a café in Zürich; naïve coöperation.",
