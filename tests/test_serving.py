@@ -71,11 +71,12 @@ def test_paged_cache_writes_slots_and_gathers_tables_in_order():
         slots=torch.tensor([[8, 9, 2], [6, 7, -1]]),  # block 4 -> slots 8, 9; block 1 -> 2; block 3 -> 6, 7
         block_tables=torch.tensor([[4, 1], [3, 0]]),
         block_size=2,
+        mask=torch.ones(2, 3, 4, dtype=torch.bool),
     )
     keys, values = cache.update(view, k, -k)
     assert cache.k[:, :, 0, 0].tolist() == [[0, 0], [12, 0], [0, 0], [20, 21], [10, 11], [0, 0]]
     assert keys[0, 0, :3, 0].tolist() == [10, 11, 12] and keys[1, 0, :2, 0].tolist() == [20, 21]
-    assert torch.equal(values, -keys) and view.num_keys == 4
+    assert torch.equal(values, -keys) and keys.shape == (2, 1, 4, 1)
 
 
 def test_block_manager_shares_full_blocks_by_prefix_and_counts_references():
@@ -284,3 +285,12 @@ def test_default_pool_is_a_memory_budget(model, engine):
     per_sequence = -(-model.args.max_seq_len // e.block_size)
     assert per_sequence <= e.num_blocks <= 32 * per_sequence
     assert e.stats()["kv_bytes_allocated"] <= max(256 * 2**20, per_sequence * e.runner.bytes_per_block)
+
+
+def test_logits_at_several_positions_per_row(model):
+    tokens = torch.tensor(prompts_of([7, 7], model.args.vocab_size, seed=14))
+    full = model(tokens)
+    some = model(tokens, logits_at=torch.tensor([[1, 6], [0, 3]]))
+    assert torch.allclose(some[0], full[0, [1, 6]], atol=1e-5) and torch.allclose(
+        some[1], full[1, [0, 3]], atol=1e-5
+    )
