@@ -85,19 +85,11 @@ FORMATS = (None, "int8", "int4")  # None: every weight at its 16-bit (or given) 
 
 def _linears(args: ModelArgs) -> list[tuple[int, int, int]]:
     """(out, in, how many) of every matrix a forward multiplies by: the blocks' seven, then the head."""
-    q, kv, f, d, L = (
-        args.n_heads * args.head_dim,
-        args.n_kv_heads * args.head_dim,
-        args.ffn_hidden_dim,
-        args.dim,
-        args.n_layers,
-    )
+    q, kv, f, d, L = args.n_heads * args.head_dim, args.n_kv_heads * args.head_dim, args.ffn_hidden_dim, args.dim, args.n_layers
     return [(q, d, L), (kv, d, 2 * L), (d, q, L), (f, d, 2 * L), (d, f, L), (args.vocab_size, d, 1)]
 
 
-def linear_bytes(
-    out: int, inputs: int, format: str | None = None, group_size: int = 128, bytes_16: float = 2
-) -> int:
+def linear_bytes(out: int, inputs: int, format: str | None = None, group_size: int = 128, bytes_16: float = 2) -> int:
     """Bytes of one `[out, inputs]` weight matrix: `bytes_16` per weight unquantised; int8: 1 per weight and a
     16-bit scale per output channel; int4: half a byte per weight and a 16-bit scale and zero per group."""
     if format is None:
@@ -112,11 +104,7 @@ def linear_bytes(
 
 
 def weight_bytes(
-    args: ModelArgs,
-    bytes_per_param: float = 2,
-    format: str | None = None,
-    group_size: int = 128,
-    head: bool = True,
+    args: ModelArgs, bytes_per_param: float = 2, format: str | None = None, group_size: int = 128, head: bool = True
 ) -> int:
     """All weights at a storage width: 2 for bf16, 1 for fp8, 0.5 for int4 (scales not counted). With a
     `format` ("int8", "int4"), the linear layers of the blocks (and the head, unless `head=False`) are

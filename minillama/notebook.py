@@ -101,18 +101,16 @@ def figures(width: float = FIGURE_WIDTH, height: float = 3.6) -> None:
     if width > FIGURE_WIDTH:
         raise ValueError(f"width={width} in: the book's figures are at most {FIGURE_WIDTH} in wide (phones)")
     set_matplotlib_formats("svg", metadata={"Date": None})  # no timestamp: re-running changes nothing
-    mpl.rcParams.update(
-        {
-            "figure.figsize": (width, height),
-            "svg.fonttype": "none",  # text stays text: searchable, measurable, sharp at any zoom
-            "svg.hashsalt": "minillama",  # stable ids, so re-executing a notebook does not churn its SVG
-            "font.size": FONT_PT,
-            "axes.titlesize": FONT_PT,
-            "axes.labelsize": FONT_PT,
-            "xtick.labelsize": FONT_PT - 1,
-            "ytick.labelsize": FONT_PT - 1,
-            "legend.fontsize": FONT_PT - 1,
-            "figure.dpi": 96,
-            "figure.constrained_layout.use": True,
-        }
-    )
+    mpl.rcParams.update({
+        "figure.figsize": (width, height),
+        "svg.fonttype": "none",  # text stays text: searchable, measurable, sharp at any zoom
+        "svg.hashsalt": "minillama",  # stable ids, so re-executing a notebook does not churn its SVG
+        "font.size": FONT_PT,
+        "axes.titlesize": FONT_PT,
+        "axes.labelsize": FONT_PT,
+        "xtick.labelsize": FONT_PT - 1,
+        "ytick.labelsize": FONT_PT - 1,
+        "legend.fontsize": FONT_PT - 1,
+        "figure.dpi": 96,
+        "figure.constrained_layout.use": True,
+    })

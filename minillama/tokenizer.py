@@ -255,9 +255,8 @@ class Tokenizer:
             if llama3 is not None:
                 spelling = byte_alphabet()
                 names = llama3.special_tokens.items()
-                if all(
-                    tokens[i] == spelled(llama3.token_bytes(i), spelling) for i in range(llama3.n_base_tokens)
-                ) and all(tokens[i] == name for name, i in names):
+                if all(tokens[i] == spelled(llama3.token_bytes(i), spelling) for i in range(llama3.n_base_tokens)) \
+                        and all(tokens[i] == name for name, i in names):
                     return llama3
         return GGUFTokenizer(path, llama3_pattern=PAT_STR)
 

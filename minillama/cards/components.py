@@ -197,9 +197,7 @@ def block(c: Ctx) -> dict:
     if c.format:  # the seven matrices in the format, the two norm gains still 16-bit
         q, kv, f = a.n_heads * a.head_dim, a.n_kv_heads * a.head_dim, a.ffn_hidden_dim
         shapes = [(q, a.dim), (kv, a.dim), (kv, a.dim), (a.dim, q), (f, a.dim), (f, a.dim), (a.dim, f)]
-        quantised = (
-            sum(linear_bytes(o, i, c.format, c.group_size) for o, i in shapes) + count.norms * BYTES_16
-        )
+        quantised = sum(linear_bytes(o, i, c.format, c.group_size) for o, i in shapes) + count.norms * BYTES_16
         figures = (figures[0], (f"Weights · {c.format_label}", format_bytes(quantised)), *figures[1:])
     return {
         "subtitle": "h = x + attention(attention_norm(x)); out = h + feed_forward(ffn_norm(h)).",
@@ -305,9 +303,7 @@ def model(c: Ctx) -> dict:
         facts["decode_step_bytes"] = floor
         if c.format:
             quantised = decode_step_bytes(a, c.keys, format=c.format, group_size=c.group_size)
-            figures.append(
-                (f"Bytes a decode step reads at least · {c.format_label}", format_bytes(quantised))
-            )
+            figures.append((f"Bytes a decode step reads at least · {c.format_label}", format_bytes(quantised)))
             facts["decode_step_bytes_quantised"] = quantised
     logits = NamedTensor(
         SYMBOLS["logits"], (c.B, pos_axis(c.t), Axis(a.vocab_size, "vocab")), "float32", ":out"

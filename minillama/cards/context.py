@@ -100,9 +100,7 @@ def make_ctx(args, mode, positions, batch, format=None, group_size=128) -> Ctx:
     if format is not None:
         from ..accounting import weight_bytes
 
-        weight_bytes(
-            args, 2, format, group_size
-        )  # an unknown format or a group that does not fit raises here
+        weight_bytes(args, 2, format, group_size)  # an unknown format or a group that does not fit raises here
     return Ctx(args, mode, positions, batch, t, keys, format, group_size)
 
 

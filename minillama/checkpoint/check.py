@@ -48,9 +48,7 @@ def check_tensors(
                 f"({_describe(args)}), found {tuple(shape)}; the config and the weights disagree"
             )
         if name in codes and dtype != codes[name]:
-            raise ValueError(
-                f"{where} holds {dtype}; the quantised model of {config} stores {codes[name]} codes there"
-            )
+            raise ValueError(f"{where} holds {dtype}; the quantised model of {config} stores {codes[name]} codes there")
         if dtype not in SUPPORTED_DTYPES and name not in codes:
             raise ValueError(
                 f"unsupported dtype {dtype} for {where}: minillama loads float32, float16 and bfloat16 weights "

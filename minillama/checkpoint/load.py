@@ -85,9 +85,7 @@ def load(
     tied = args.tie_embeddings  # HF: tie_word_embeddings; Meta: the catalogue (Llama 3.2 1B/3B)
     with torch.device("meta"):
         model = Transformer(args)
-    quantization = (
-        read_json(root / HF_CONFIG).get("minillama", {}).get("quantization") if layout == "hf" else None
-    )
+    quantization = read_json(root / HF_CONFIG).get("minillama", {}).get("quantization") if layout == "hf" else None
     if quantization:  # written by `save` from a quantised model (chapter 9): the same layers, empty
         from ..quantize import quantized_like
 
