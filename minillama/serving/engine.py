@@ -44,7 +44,8 @@ class Engine:
     at most `max_batch` sequences run at once and a step feeds at most `max_tokens_per_step` tokens
     (prefill chunks and decode tokens together); `prefix_sharing` reuses cached full blocks of equal
     prompt prefixes. `tokenizer` (optional) lets `add_request` take text and supplies the default stop
-    tokens. `engine.trace`, when set to a list, receives one record per step (what ran, for figures)."""
+    tokens. `engine.trace`, when set to a list, receives one record per step: `rows` (request id, first
+position fed, tokens fed) for each sequence that ran, `blocks_used`, and the step's wall and CPU seconds."""
 
     def __init__(
         self,
@@ -171,7 +172,7 @@ class Engine:
         batch = self.scheduler.schedule()
         if not batch:
             return outputs
-        begin = time.perf_counter()
+        begin, begin_cpu = time.perf_counter(), time.process_time()
         # (request, first position fed, tokens fed) for the trace, before the positions advance
         rows = [(seq.request_id, seq.computed, n) for seq, n in batch]
         logits = self.runner.run(batch)
@@ -187,8 +188,9 @@ class Engine:
         for seq, token in zip((s for s, _ in ready), self._sample(ready), strict=True):
             outputs.append(self._append(seq, token))
         if self.trace is not None:
-            self.trace.append({"step": self.steps, "seconds": time.perf_counter() - begin, "rows": rows,
-                               "blocks_used": self.num_blocks - self.blocks.num_free})  # fmt: skip
+            self.trace.append({"step": self.steps, "rows": rows, "blocks_used": self.num_blocks - self.blocks.num_free,
+                               "seconds": time.perf_counter() - begin,  # wall time
+                               "cpu_seconds": time.process_time() - begin_cpu})  # fmt: skip
         return outputs
 
     def _sample(self, ready: list[tuple[Sequence, torch.Tensor]]) -> list[int]:
