@@ -12,9 +12,10 @@ generator). A request ends at a stop token (not returned: the output says token=
 finish_reason="stop") or after `max_tokens` tokens ("length"), and its blocks are free for the next
 step. Under greedy decoding every request gets exactly the tokens `ml.generate` gives it alone,
 whatever else shares its steps; the tests check it under staggered arrivals, chunking, preemption
-and shared prefixes. The five rooms follow GeeeekExplorer/nano-vllm `nanovllm/engine/` (`sequence`,
-`block_manager`, `scheduler`, `model_runner`, `llm_engine`); nano-vllm adds CUDA graphs per batch
-size, flash-attn varlen kernels, tensor parallelism, and does not mix prefill and decode in one step.
+and shared prefixes. The rooms follow GeeeekExplorer/nano-vllm @ bb823b3 `nanovllm/engine/` (`sequence`,
+`block_manager`, `scheduler`, `model_runner`, and `llm_engine.py` 43–55 for `add_request` / `step`);
+nano-vllm adds CUDA graphs per batch size, flash-attn kernels that read the blocks in place, tensor
+parallelism, and does not mix prefill and decode in one step.
 
 Not thread-safe: one thread owns the engine (a server runs `step()` in a loop on its own thread).
 """

@@ -6,8 +6,9 @@ each. A sequence owns a list of block ids, its block table; its position p lives
 `table[p // bs]` at offset `p % bs`, which flattens to the slot `table[p // bs] · bs + p % bs` of the
 pool seen as `[(n bs), kv, hd]`. Blocks are handed out as a sequence grows, so a sequence holds at most
 bs - 1 unused positions (Kwon et al. 2023, "Efficient Memory Management for Large Language Model
-Serving with PagedAttention", section 4; nano-vllm keeps one such pool for all layers,
-GeeeekExplorer/nano-vllm `nanovllm/engine/model_runner.py` `allocate_kv_cache`).
+Serving with PagedAttention", section 4; nano-vllm keeps one such pool for all layers and sizes it
+by the memory left after the weights, GeeeekExplorer/nano-vllm @ bb823b3 `nanovllm/engine/model_runner.py`
+103–121, `allocate_kv_cache`).
 
 Reading: the blocks of a row's table are gathered into a contiguous `[b, kv, s, hd]` (s = the table's
 length times bs) and the model's own `scaled_dot_product_attention` runs on them under the view's

@@ -11,8 +11,9 @@ padding, and the head runs only at the last token of each sequence. Padding a ch
 20 decode rows into one `[21, 200]` batch would compute twenty times the work; running them as
 separate forwards would read the weights once per group. vLLM and nano-vllm pack the same way and
 call flash-attn's varlen kernel; here the mask does the separating.
-The equivalent nano-vllm room: GeeeekExplorer/nano-vllm `nanovllm/engine/model_runner.py`
-(`prepare_prefill`, `prepare_decode`: slot mappings and block tables from the sequences).
+The equivalent nano-vllm room: GeeeekExplorer/nano-vllm @ bb823b3 `nanovllm/engine/model_runner.py`
+(`prepare_prefill` 129–170, `prepare_decode` 172–188: positions, slot mappings and block tables from
+the sequences).
 """
 
 from __future__ import annotations
