@@ -24,9 +24,9 @@ from minillama.bench import serving as sb
 from minillama.bench.models import hf_peer
 from minillama.model import random_model
 
-SIZES = {  # per model: the workload (the rate keeps a queue on this CPU without letting it run away)
-    "tiny": {"n": 24, "rate": 2.0},
-    "smollm2-135m": {"n": 16, "rate": 1.0},
+SIZES = {  # per model: the workload; the rate (per CPU second) keeps a queue, so throughput is the server's
+    "tiny": {"n": 24, "rate": 16.0},
+    "smollm2-135m": {"n": 16, "rate": 4.0},
 }
 
 

@@ -46,7 +46,7 @@ class Engine:
     (prefill chunks and decode tokens together); `prefix_sharing` reuses cached full blocks of equal
     prompt prefixes. `tokenizer` (optional) lets `add_request` take text and supplies the default stop
     tokens. `engine.trace`, when set to a list, receives one record per step: `rows` (request id, first
-position fed, tokens fed) for each sequence that ran, `blocks_used`, and the step's wall and CPU seconds."""
+    position fed, tokens fed) for each sequence that ran, `blocks_used`, and the step's wall and CPU seconds."""
 
     def __init__(
         self,
