@@ -180,13 +180,13 @@ class Engine:
         self.steps += 1
         self.computed_tokens += sum(n for _, n in batch)
         ready = []
-        for (seq, n), row in zip(batch, logits, strict=True):
+        for i, (seq, n) in enumerate(batch):
             seq.computed += n
             if self.prefix_sharing:
                 seq.sealed = self.blocks.seal(seq.table, seq.tokens, seq.computed, seq.sealed)
             if seq.computed == len(seq):
-                ready.append((seq, row))
-        for seq, token in zip((s for s, _ in ready), self._sample(ready), strict=True):
+                ready.append((seq, i))
+        for seq, token in zip((s for s, _ in ready), self._sample(ready, logits), strict=True):
             outputs.append(self._append(seq, token))
         if self.trace is not None:
             self.trace.append({"step": self.steps, "rows": rows, "blocks_used": self.num_blocks - self.blocks.num_free,
@@ -194,21 +194,23 @@ class Engine:
                                "cpu_seconds": time.process_time() - begin_cpu})  # fmt: skip
         return outputs
 
-    def _sample(self, ready: list[tuple[Sequence, torch.Tensor]]) -> list[int]:
+    def _sample(self, ready: list[tuple[Sequence, int]], logits: torch.Tensor) -> list[int]:
+        """The next token of each ready sequence from its row of `logits` `[len(batch), v]`."""
         if not ready:
             return []
         greedy = [i for i, (seq, _) in enumerate(ready) if seq.params.temperature == 0]
         tokens = [0] * len(ready)
-        if greedy:  # one argmax over every greedy row
-            best = argmax(torch.stack([ready[i][1] for i in greedy])).tolist()
-            for i, t in zip(greedy, best, strict=True):
+        if greedy:  # one argmax over every greedy row (no copy when that is every row of the step)
+            rows = [ready[i][1] for i in greedy]
+            picked = logits if rows == list(range(len(logits))) else logits[rows]
+            for i, t in zip(greedy, argmax(picked).tolist(), strict=True):
                 tokens[i] = t
         for i, (seq, row) in enumerate(ready):
             p = seq.params
             if (
                 p.temperature > 0
             ):  # each request draws from its own generator: its tokens do not depend on the batch
-                tokens[i] = int(sample(row[None], p.temperature, p.top_k, p.top_p, seq.generator)[0])
+                tokens[i] = int(sample(logits[row][None], p.temperature, p.top_k, p.top_p, seq.generator)[0])
         return tokens
 
     def _append(self, seq: Sequence, token: int) -> StepOutput:
