@@ -9,7 +9,7 @@ __version__ = "0.1.0"
 
 # first: a Python without torch, einops, ... gets one line saying which Python to use
 from . import _requires  # isort: skip
-from . import notebook
+from . import inspect, notebook
 from .accounting import (
     count_parameters,
     decode_step_bytes,

@@ -71,11 +71,13 @@ def test_paged_cache_writes_slots_and_gathers_tables_in_order():
         slots=torch.tensor([[8, 9, 2], [6, 7, -1]]),  # block 4 -> slots 8, 9; block 1 -> 2; block 3 -> 6, 7
         block_tables=torch.tensor([[4, 1], [3, 0]]),
         block_size=2,
+        mask=torch.ones(2, 3, 4, dtype=torch.bool),
+        pads=True,
     )
     keys, values = cache.update(view, k, -k)
     assert cache.k[:, :, 0, 0].tolist() == [[0, 0], [12, 0], [0, 0], [20, 21], [10, 11], [0, 0]]
     assert keys[0, 0, :3, 0].tolist() == [10, 11, 12] and keys[1, 0, :2, 0].tolist() == [20, 21]
-    assert torch.equal(values, -keys) and view.num_keys == 4
+    assert torch.equal(values, -keys) and keys.shape == (2, 1, 4, 1)
 
 
 def test_block_manager_shares_full_blocks_by_prefix_and_counts_references():
@@ -284,3 +286,31 @@ def test_default_pool_is_a_memory_budget(model, engine):
     per_sequence = -(-model.args.max_seq_len // e.block_size)
     assert per_sequence <= e.num_blocks <= 32 * per_sequence
     assert e.stats()["kv_bytes_allocated"] <= max(256 * 2**20, per_sequence * e.runner.bytes_per_block)
+
+
+def test_logits_at_several_positions_per_row(model):
+    tokens = torch.tensor(prompts_of([7, 7], model.args.vocab_size, seed=14))
+    full = model(tokens)
+    some = model(tokens, logits_at=torch.tensor([[1, 6], [0, 3]]))
+    assert torch.allclose(some[0], full[0, [1, 6]], atol=1e-5) and torch.allclose(
+        some[1], full[1, [0, 3]], atol=1e-5
+    )
+
+
+def test_serving_bench_replays_one_workload_on_static_and_engine(model):
+    from minillama.bench import serving as sb
+
+    work = sb.poisson_workload(5, rate=50.0, prompt_lens=(4, 12), output_lens=(2, 6), vocab=300, seed=3)
+    again = sb.poisson_workload(5, rate=50.0, prompt_lens=(4, 12), output_lens=(2, 6), vocab=300, seed=3)
+    assert work == again and work[0].arrival == 0 and all(4 <= len(r.prompt) <= 12 for r in work)
+    shared = sb.poisson_workload(5, 50.0, (4, 12), (2, 6), vocab=300, seed=3, shared_prefix=7)
+    assert [r.prompt[7:] for r in shared] == [r.prompt for r in work]  # the same requests behind a prefix
+    static, memory = sb.run_static(model, work, max_batch=2)
+    served, stats = sb.run_engine(model, work, max_batch=2, block_size=4, num_blocks=16)
+    assert [s.tokens for s in served] == [s.tokens for s in static]
+    assert [len(s.tokens) for s in served] == [r.max_tokens for r in work]
+    assert 0 < memory["kv_bytes_used"] <= memory["kv_bytes_allocated"]
+    assert 0 < stats["kv_bytes_peak_used"] <= stats["kv_bytes_peak_allocated"]
+    summary = sb.summarize(served)
+    assert summary["output_tokens"] == sum(r.max_tokens for r in work) and summary["tokens_per_s"] > 0
+    assert all(s.times[0] >= s.arrival and s.times == sorted(s.times) for s in served)
