@@ -357,8 +357,6 @@ GLUE_PENDING = {
     "01_parameter_accounting",
     "02_rmsnorm",
     "03_rope",
-    "04_attention",
-    "05_kv_cache",
     "06_model",
     "07_decode",
     "08_compile",
