@@ -357,7 +357,6 @@ GLUE_PENDING = {
     "01_parameter_accounting",
     "02_rmsnorm",
     "03_rope",
-    "06_model",
     "07_decode",
     "08_compile",
     "09_quantization",
