@@ -360,7 +360,6 @@ GLUE_PENDING = {
     "05_kv_cache",
     "06_model",
     "07_decode",
-    "08_compile",
     "09_quantization",
     "10_speculative_decoding",
     "11_tensor_parallel",
