@@ -174,8 +174,9 @@ def _plot_batch(results, runs, ax):
     ax.plot([b for b, _ in roof], [t for _, t in roof], "k:", lw=1.5, label="roofline")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
-    ax.set_xlabel("batch size (sequences)")
     ax.set_ylabel("decode tok/s")
+    if ax2 is None:  # stacked, the lower panel labels the shared batch axis
+        ax.set_xlabel("batch size (sequences)")
     if ax2 is not None:
         ax2.set_xscale("log", base=2)
         ax2.set_xlabel("batch size (sequences)")
