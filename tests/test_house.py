@@ -359,7 +359,6 @@ GLUE_PENDING = {
     "04_attention",
     "05_kv_cache",
     "06_model",
-    "09_quantization",
     "10_speculative_decoding",
     "11_tensor_parallel",
 }
