@@ -68,11 +68,6 @@ def table(results: dict) -> str:
     return "\n".join(lines)
 
 
-def _label(results: dict) -> str:
-    c = results["config"]
-    return f"{c['model']}, {c['dtype']}, on {results['machine']['name']}"
-
-
 def plot_results(results: dict, kind: str = "variants", batch: int | None = None, ax=None):
     """A matplotlib figure of one results dict.
 
@@ -90,25 +85,24 @@ def plot_results(results: dict, kind: str = "variants", batch: int | None = None
     runs = [r for r in runs if r["batch"] == b and "decode_tok_s" in r]
     if not runs:
         raise ValueError(f"no decode measurements at batch {b} in these results")
-    fig, ax = plt.subplots(figsize=(7, 3.5), dpi=100) if ax is None else (ax.figure, ax)
+    fig, ax = plt.subplots() if ax is None else (ax.figure, ax)  # the size and text of rcParams
     roof = runs[0]["roofline_tok_s"]
     if kind == "variants":
         _plot_variants(ax, results, runs, b, roof)
     else:
         _plot_waterfall(ax, results, runs, b, roof)
-    fig.tight_layout()
     return fig
 
 
 def _plot_variants(ax, results: dict, runs: list[dict], b: int, roof: float) -> None:
     """Decode tok/s of every variant at batch b, bars against the roofline."""
-    names = [r["variant"] for r in runs]
+    names = [r["variant"] + (" (HF)" if r["impl"] == "hf" else "") for r in runs]
     values = [r["decode_tok_s"] for r in runs]
     colors = ["tab:orange" if r["impl"] == "hf" else "tab:blue" for r in runs]
     ax.barh(names, values, color=colors)
     ax.invert_yaxis()
     for i, v in enumerate(values):
-        ax.text(v, i, f" {v:.0f} ({100 * v / roof:.0f}%)", va="center", fontsize=8)
+        ax.text(v, i, f" {v:.0f} ({100 * v / roof:.0f}%)", va="center")
     ax.axvline(roof, color="k", ls="--", lw=1, label=f"roofline ({runs[0]['roofline']}) {roof:.0f} tok/s")
     if runs[0]["roofline"] == "matvec" and "copy_roofline_tok_s" in runs[0]:
         copy = runs[0]["copy_roofline_tok_s"]
@@ -116,8 +110,8 @@ def _plot_variants(ax, results: dict, runs: list[dict], b: int, roof: float) -> 
     ax.set_xlabel("decode throughput (tokens/s)")
     ax.set_ylabel("variant")
     ax.set_xlim(0, max(values + [roof]) * 1.3)
-    ax.set_title(f"Decode at batch {b}: {_label(results)}", fontsize=9)
-    ax.legend(loc="lower right", fontsize=8)
+    ax.set_title(f"Decode at batch {b}")
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.25))
 
 
 def _plot_waterfall(ax, results: dict, runs: list[dict], b: int, roof: float) -> None:
@@ -131,30 +125,33 @@ def _plot_waterfall(ax, results: dict, runs: list[dict], b: int, roof: float) ->
         val = by[v]["decode_tok_s"]
         color = "tab:blue" if i == 0 else ("tab:green" if val >= prev else "tab:red")
         ax.bar(i, val - prev if i else val, bottom=prev if i else 0, color=color)
-        ax.text(i, max(val, prev), f"{val:.0f}", ha="center", va="bottom", fontsize=8)
+        ax.text(i, max(val, prev), f"{val:.0f}", ha="center", va="bottom")
         prev = val
     ax.axhline(roof, color="k", ls="--", lw=1, label=f"roofline ({runs[0]['roofline']}) {roof:.0f} tok/s")
-    ax.set_xticks(range(len(steps)), [_WATERFALL_LABELS[v] for v in steps], fontsize=8)
+    ax.set_xticks(range(len(steps)), [_WATERFALL_LABELS[v] for v in steps])
     ax.set_xlabel("optimisation, each added to the one before")
     ax.set_ylabel("decode throughput (tokens/s)")
     ax.set_ylim(0, max(roof, prev) * 1.15)
-    ax.set_title(f"What each step buys at batch {b}: {_label(results)}", fontsize=9)
-    ax.legend(loc="upper left", fontsize=8)
+    ax.set_title(f"What each step buys at batch {b}")
+    ax.legend(loc="upper left")
 
 
 _WATERFALL_LABELS = {
     "eager": "eager",
-    "static": "+ static cache",
-    "compile": "+ torch.compile",
-    "compile-reduce-overhead": "+ CUDA graphs",
+    "static": "+ static\ncache",
+    "compile": "+ torch.\ncompile",
+    "compile-reduce-overhead": "+ CUDA\ngraphs",
 }
 
 
 def _plot_batch(results, runs, ax):
+    """Tokens/s (top) and ms per step (bottom) against batch size, one panel per row so that neither
+    shrinks on a phone; minillama's variants solid, Hugging Face's dashed and marked "(HF)"."""
     import matplotlib.pyplot as plt
 
     if ax is None:
-        fig, (ax, ax2) = plt.subplots(1, 2, figsize=(7, 3.5), dpi=100)
+        width = plt.rcParams["figure.figsize"][0]
+        fig, (ax, ax2) = plt.subplots(2, 1, figsize=(width, 1.6 * width), sharex=True)
     else:
         fig, ax2 = ax.figure, None
     # the variants measured at more than one batch size
@@ -168,20 +165,23 @@ def _plot_batch(results, runs, ax):
     for v in names:
         rs = sorted((r for r in runs if r["variant"] == v and "decode_tok_s" in r), key=lambda r: r["batch"])
         bs = [r["batch"] for r in rs]
-        ax.plot(bs, [r["decode_tok_s"] for r in rs], "o-", ms=3, label=v)
+        hf = rs[0]["impl"] == "hf"
+        style = dict(marker="s" if hf else "o", ms=3, ls="--" if hf else "-", label=v + (" (HF)" if hf else ""))
+        ax.plot(bs, [r["decode_tok_s"] for r in rs], **style)
         if ax2 is not None:
-            ax2.plot(bs, [r["decode_ms_per_token"] for r in rs], "o-", ms=3, label=v)
+            ax2.plot(bs, [r["decode_ms_per_token"] for r in rs], **style)
     roof = sorted({r["batch"]: r["roofline_tok_s"] for r in runs}.items())
-    ax.plot([b for b, _ in roof], [t for _, t in roof], "k--", lw=1, label="roofline")
+    ax.plot([b for b, _ in roof], [t for _, t in roof], "k:", lw=1.5, label="roofline")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
-    ax.set_xlabel("batch size (sequences)")
-    ax.set_ylabel("decode throughput (tokens/s)")
-    ax.legend(fontsize=7)
+    ax.set_ylabel("decode tok/s")
+    if ax2 is None:  # stacked, the lower panel labels the shared batch axis
+        ax.set_xlabel("batch size (sequences)")
     if ax2 is not None:
         ax2.set_xscale("log", base=2)
         ax2.set_xlabel("batch size (sequences)")
-        ax2.set_ylabel("time per decode step (ms)")
-    fig.suptitle(f"Batch sweep: {_label(results)}", fontsize=9)
-    fig.tight_layout()
+        ax2.set_ylabel("ms per step")
+        ax2.legend(*ax.get_legend_handles_labels(), loc="upper center", bbox_to_anchor=(0.5, -0.3), ncol=2)
+    else:
+        ax.legend()
     return fig
