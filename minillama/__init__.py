@@ -21,6 +21,7 @@ from .attention import Attention
 from .cards import card, card_tabs, tensor_card
 from .checkpoint import load, load_args, save
 from .config import MODELS, ModelArgs
+from .fetch import fetch
 from .ffn import FeedForward
 from .generate import decode_one_token, generate, prefill, sample
 from .kv_cache import KVCache
