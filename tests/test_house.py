@@ -354,7 +354,6 @@ def test_the_setup_cell_and_solution_checks_are_collapsed(notebook):
 # Notebooks whose owners are converting them to glue right now: expected to fail (xfail, not strict). Each owner
 # removes their notebook from this set in the commit that makes it pass.
 GLUE_PENDING = {
-    "01_parameter_accounting",
     "02_rmsnorm",
     "03_rope",
     "04_attention",
@@ -390,7 +389,7 @@ GLOBAL_TYPED = [
     r"|torchao|llama-models|llama\.cpp|vLLM|safetensors|sentencepiece|Triton|cuDNN|NCCL|SmolLM|SmolLM2)"
     r"[ -]v?\d+(?:\.\d+)+",
     r"arXiv:?\s*\d{4}\.\d{4,5}(?:v\d+)?",
-    r"\b(?:A100|H100|H200|H800|B200|A10G?|L40S?|V100|MI300X?)(?:[ -]\d+\s?GB)?\b",  # GPU product names
+    r"\b(?:A100|H100|H200|H800|B200|A10G?|L40S?|V100|MI300X?)(?:[\s-]\d+\s?GB)?\b",  # GPU product names
     r"(?:Figures?|Fig\.|Tables?|Sections?|§|Equations?|Eq\.|Listings?|Exercises?|[Cc]hapters?)\s+"
     r"\d+(?:\.\d+)+(?:(?:\s*(?:,|and|or|/|–|-)\s*)\d+(?:\.\d+)+)*",
 ]
