@@ -287,6 +287,31 @@ def demo(mesh: DeviceMesh, args: ModelArgs, seed: int = 0, new_tokens: int = 8, 
     return out
 
 
+def checkpoint_demo(mesh: DeviceMesh, path: str, prompt: list[int], new_tokens: int = 4) -> dict:
+    """On each rank: the checkpoint at `path` (Meta's or Hugging Face's layout) loaded tensor-parallel over
+    `mesh` in float32, each rank reading only its own slices (`load(path, mesh=mesh)`). Returns the rank's
+    local shapes of block 0, the full logits `[v]` after `prompt` (joined by the head's all-gather), the
+    greedy continuation of `new_tokens` tokens, and the seconds it took. Every rank runs the same calls."""
+    from .checkpoint import load
+    from .generate import generate
+
+    model = load(path, dtype=torch.float32, progress=False, mesh=mesh)
+    block = model.layers[0]
+    out: dict = {"rank": mesh.get_local_rank()}
+    out["shapes"] = {
+        name: tuple(p.to_local().shape if hasattr(p, "to_local") else p.shape)
+        for name, p in block.named_parameters()
+    }
+    with torch.inference_mode():
+        out["logits"] = model(torch.tensor([prompt]))[0, -1].clone()
+        start = time.perf_counter()
+        out["greedy"] = generate(
+            model, [prompt], max_new_tokens=new_tokens, max_seq_len=len(prompt) + new_tokens
+        )[0]
+        out["seconds"] = time.perf_counter() - start
+    return out
+
+
 # -- the command line ---------------------------------------------------------------------------------
 
 
