@@ -362,7 +362,6 @@ GLUE_PENDING = {
     "07_decode",
     "08_compile",
     "09_quantization",
-    "11_tensor_parallel",
 }
 
 _UNIT = (

@@ -72,8 +72,6 @@ FIGURES_PENDING = {
     "notebooks/07_decode",
     "notebooks/08_compile",
     "notebooks/09_quantization",
-    "notebooks/10_speculative_decoding",
-    "notebooks/11_tensor_parallel",
 }
 
 
