@@ -278,12 +278,43 @@ def demo(mesh: DeviceMesh, args: ModelArgs, seed: int = 0, new_tokens: int = 8, 
             generate(m, [tokens[0].tolist()], max_new_tokens=new_tokens)[0] for m in (single, model)
         ]
         pos = torch.tensor(20)
+        from torch.distributed.tensor.debug import CommDebugMode
+
+        with CommDebugMode() as comm:  # the collectives DTensor issues in one decode step
+            model(tokens[:, :1], start_pos=pos)
+        out["collectives"] = {str(op).split(".")[-1]: n for op, n in comm.get_comm_counts().items()}
         out["step_ms"] = {
             "whole model, this process": _median_ms(lambda: single(tokens[:, :1], start_pos=pos), repeats),
             "tensor-parallel": _median_ms(lambda: model(tokens[:, :1], start_pos=pos), repeats),
         }
     x = torch.ones(1, 1, args.dim)
     out["all_reduce_ms"] = _median_ms(lambda: dist.all_reduce(x), 5 * repeats)
+    return out
+
+
+def checkpoint_demo(mesh: DeviceMesh, path: str, prompt: list[int], new_tokens: int = 4) -> dict:
+    """On each rank: the checkpoint at `path` (Meta's or Hugging Face's layout) loaded tensor-parallel over
+    `mesh` in float32, each rank reading only its own slices (`load(path, mesh=mesh)`). Returns the rank's
+    local shapes of block 0, the full logits after `prompt` (a list of v floats, joined by the head's all-gather), the
+    greedy continuation of `new_tokens` tokens, and the seconds it took. Every rank runs the same calls."""
+    from .checkpoint import load
+    from .generate import generate
+
+    model = load(path, dtype=torch.float32, progress=False, mesh=mesh)
+    block = model.layers[0]
+    out: dict = {"rank": mesh.get_local_rank()}
+    out["shapes"] = {
+        name: tuple(p.to_local().shape if hasattr(p, "to_local") else p.shape)
+        for name, p in block.named_parameters()
+    }
+    with torch.inference_mode():
+        # a list, not a tensor: torch's queues pass tensors as shared memory, gone once the rank exits
+        out["logits"] = model(torch.tensor([prompt]))[0, -1].tolist()
+        start = time.perf_counter()
+        out["greedy"] = generate(
+            model, [prompt], max_new_tokens=new_tokens, max_seq_len=len(prompt) + new_tokens
+        )[0]
+        out["seconds"] = time.perf_counter() - start
     return out
 
 

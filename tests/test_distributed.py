@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import minillama as ml
-from minillama.distributed import check_degree, local_range, spawn
+from minillama.distributed import check_degree, checkpoint_demo, local_range, spawn
 from minillama.model import random_model
 
 WORLD = 2
@@ -141,6 +141,7 @@ def test_local_range_cuts_like_torch_chunk():
 # -- loading per rank -----------------------------------------------------------------------------
 
 SEED = 3
+DEMO_PROMPT = [5, 17, 42, 9]
 META_ARGS = ml.ModelArgs(
     dim=64,
     n_layers=2,
@@ -214,7 +215,8 @@ def _load_each(mesh, folders, seed):
 
 
 def _both(mesh, configs, folders, seed):
-    return _compare(mesh, configs), _load_each(mesh, folders, seed)
+    demo = checkpoint_demo(mesh, str(folders["hf"]), DEMO_PROMPT, 3)
+    return _compare(mesh, configs), _load_each(mesh, folders, seed), demo
 
 
 @pytest.fixture(scope="module")
@@ -237,8 +239,8 @@ def ranks(tmp_path_factory):
 
 
 def test_parallel_model_matches_single_process(ranks):
-    assert [r["rank"] for r, _ in ranks] == [0, 1]
-    for r, _ in ranks:
+    assert [r["rank"] for r, *_ in ranks] == [0, 1]
+    for r, *_ in ranks:
         for args, res in zip(CONFIGS, r["results"]):
             # row-parallel sums add the same products in another order: float32 rounding, no more
             for key, err in res["errors"].items():
@@ -254,7 +256,7 @@ def test_parallel_model_matches_single_process(ranks):
 
 def test_sharded_checkpoints_load_per_rank(ranks):
     q_rows = META_ARGS.n_heads * META_ARGS.head_dim // WORLD
-    for rank, (_, got) in enumerate(ranks):
+    for rank, (_, got, _) in enumerate(ranks):
         for label, res in got.items():
             assert res["error"] <= 1e-5, (label, res)
             assert res["wq_local"] == (q_rows, META_ARGS.dim)
@@ -270,3 +272,20 @@ def test_sharded_checkpoints_load_per_rank(ranks):
         assert got["meta1"]["files"] == ["consolidated.00.pth"]
         assert got["hf"]["files"] == ["model.safetensors"]
         assert got["gguf"]["files"] == ["model.gguf"]
+
+
+def test_checkpoint_demo_matches_the_whole_model(ranks):
+    """`checkpoint_demo` (chapter 11's trained-model run): each rank loads its slices of a saved checkpoint, and
+    its logits and greedy tokens are the single-process model's."""
+    model = random_model(META_ARGS, seed=SEED)
+    with torch.inference_mode():
+        want = model(torch.tensor([DEMO_PROMPT]))[0, -1]
+    (greedy,) = ml.generate(model, [DEMO_PROMPT], max_new_tokens=3)
+    for rank, (*_, demo) in enumerate(ranks):
+        assert demo["rank"] == rank and len(demo["logits"]) == META_ARGS.vocab_size
+        assert (torch.tensor(demo["logits"]) - want).abs().max().item() <= 1e-5
+        assert demo["greedy"] == greedy
+        assert demo["shapes"]["attention.wq.weight"] == (
+            META_ARGS.n_heads * META_ARGS.head_dim // WORLD,
+            META_ARGS.dim,
+        )

@@ -9,6 +9,15 @@ raw TeX left), and at 1280 px no code cell or stored output is wider than the co
 (notebooks/* in _toc.yml): the card is rendered as a table and the Colab button opens that notebook. Screenshots
 of every page (light, dark, 390 px mobile) go to _build/screenshots/. The built HTML shows no `# NBVAL_*` marker.
 
+At 390 px (a phone, the width of the mobile screenshot) every page is read as a phone shows it: the page is no
+wider than the screen (nothing in the article runs past its column without a scrolling box of its own), inline code
+and links break anywhere, card tables fit their column, other tables, printed text outputs, code and display
+equations fit or scroll inside their own box, and every figure's smallest text renders at MIN_FIGURE_TEXT_PX or
+more. SVG figures (ml.notebook.figures()) are measured from their text: font-size x rendered width / viewBox width;
+PNG figures, from their resolution: a 10 pt label (matplotlib's default text) at the PNG's dpi, scaled by rendered
+width / natural width. Chapters whose figures are not yet SVG sit in FIGURES_PENDING (expected to fail, reported,
+not failing the run); their owners remove them as they convert.
+
 Without chromium the tests skip, except under CI=true, where they fail.
 """
 
@@ -48,6 +57,22 @@ FLAGS = [
 DESKTOP_WIDTH, MOBILE_WIDTH, VIEW_HEIGHT, MAX_SHOT_HEIGHT = 1280, 390, 900, 12000
 # text in a rendered output area that means a stored output shows a failure
 BAD_OUTPUT = re.compile(r"Traceback|Warning|warnings\.warn")
+# the smallest figure text a phone reader is asked to read, in CSS px at 390 px (the body's small print is ~12 px)
+MIN_FIGURE_TEXT_PX = 9.0
+PNG_TEXT_PT = 10  # a PNG's text is unknown: assume matplotlib's default font.size
+# chapters whose figures are not yet drawn with ml.notebook.figures() (SVG with real text): their figure check is
+# expected to fail (xfail, not strict); owners remove a chapter here when its figures are converted
+FIGURES_PENDING = {
+    "notebooks/01_parameter_accounting",
+    "notebooks/02_rmsnorm",
+    "notebooks/03_rope",
+    "notebooks/04_attention",
+    "notebooks/05_kv_cache",
+    "notebooks/06_model",
+    "notebooks/07_decode",
+    "notebooks/08_compile",
+    "notebooks/09_quantization",
+}
 
 
 TOC = yaml.safe_load((ROOT / "_toc.yml").read_text())
@@ -163,13 +188,15 @@ def _set_theme(driver, mode: str):
     return driver.execute_script("return getComputedStyle(document.body).backgroundColor")
 
 
-def _screenshot(driver, path: Path, width: int):
+def _screenshot(driver, path: Path, width: int, measure: str | None = None):
     """The whole page: the viewport is stretched to the page's height (capped), so sticky sidebars and
-    100vh layouts render as a reader scrolling through would see them."""
+    100vh layouts render as a reader scrolling through would see them. `measure` (a script) runs at `width`
+    before the page is stretched, and its result is returned."""
     mobile = width < 600
     metrics = {"width": width, "height": VIEW_HEIGHT, "deviceScaleFactor": 1, "mobile": mobile}
     driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride", metrics)
     time.sleep(0.2)
+    measured = driver.execute_script(measure) if measure else None
     height = min(int(driver.execute_script("return document.documentElement.scrollHeight")), MAX_SHOT_HEIGHT)
     driver.execute_cdp_cmd(
         "Emulation.setDeviceMetricsOverride", {**metrics, "height": max(height, VIEW_HEIGHT)}
@@ -179,6 +206,7 @@ def _screenshot(driver, path: Path, width: int):
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(base64.b64decode(shot["data"]))
     driver.execute_cdp_cmd("Emulation.clearDeviceMetricsOverride", {})
+    return measured
 
 
 _FACTS_JS = """
@@ -251,7 +279,78 @@ Array.from(document.querySelectorAll('div.cell')).forEach((cell, i) => {
       found.push(`${name}: a ${el.tagName.toLowerCase()} in its output is wider than the column`);
   });
 });
+document.querySelectorAll('.bd-article mjx-container[display="true"]').forEach((m, i) => {
+  if (wide(m)) found.push(`display equation ${i + 1} is ${m.scrollWidth} px in ${m.clientWidth} px (split it)`);
+});
 return {width: window.innerWidth, overflow: found};
+"""
+
+# At 390 px (a phone). Problems are named (cell, equation, figure); figures are returned for the Python side, which
+# reads each image file (an <img> of an SVG shows no text to the DOM) to find its smallest text.
+_PHONE_JS = r"""
+const article = document.querySelector('.bd-article') || document.body;
+const col = article.getBoundingClientRect();
+const found = [];
+const wide = (e) => e.scrollWidth > e.clientWidth + 1;
+const scrolls = (e) => ['auto', 'scroll'].includes(getComputedStyle(e).overflowX);
+const outside = (e) => { const b = e.getBoundingClientRect();
+  return b.width > 0 && (b.right > col.right + 1 || b.left < col.left - 1); };
+const boxed = (e) => { // inside a box of its own that scrolls or clips sideways (then that box is what must fit)
+  for (let a = e.parentElement; a && a !== article; a = a.parentElement)
+    if (getComputedStyle(a).overflowX !== 'visible') return true;
+  return false; };
+const snip = (e) => (e.innerText || e.textContent || '').trim().replace(/\s+/g, ' ').slice(0, 50);
+const cellName = (e) => { const cell = e.closest('div.cell'); if (!cell) return 'the text';
+  const i = Array.from(document.querySelectorAll('div.cell')).indexOf(cell);
+  const src = cell.querySelector('.cell_input pre');
+  const first = src ? src.innerText.split('\n').find(l => l.trim()) || '' : '';
+  return `code cell ${i + 1} (${first.trim().slice(0, 40)})`; };
+if (document.documentElement.scrollWidth > window.innerWidth + 1 || window.innerWidth > 391)
+  found.push(`the page is ${document.documentElement.scrollWidth} px wide in a ${window.innerWidth} px window`);
+// anything in the article past its column, outside a box that scrolls on its own
+article.querySelectorAll('*').forEach(e => {
+  if (outside(e) && !boxed(e) && !outside(e.parentElement))
+    found.push(`${e.tagName.toLowerCase()} "${snip(e)}" in ${cellName(e)} runs past the column`);
+});
+// inline code and links break anywhere (a long path or URL wraps instead of widening the page)
+article.querySelectorAll('code, a').forEach(e => {
+  if (e.closest('pre, .highlight, mjx-container, nav')) return;
+  const wrap = getComputedStyle(e).overflowWrap;
+  if (!['anywhere', 'break-word'].includes(wrap))
+    found.push(`inline ${e.tagName.toLowerCase()} "${snip(e)}" does not break (overflow-wrap: ${wrap})`);
+  [e, ...e.querySelectorAll('span')].forEach(s => {
+    const space = getComputedStyle(s).whiteSpace;
+    if (['nowrap', 'pre'].includes(space))
+      found.push(`inline ${e.tagName.toLowerCase()} "${snip(e)}" does not wrap (white-space: ${space})`);
+  });
+});
+// card tables fit: no digit hidden behind a scroll
+article.querySelectorAll('.ml-table').forEach(t => {
+  if (wide(t) || outside(t))
+    found.push(`the card table in ${cellName(t)} is ${t.scrollWidth} px in ${t.clientWidth} px: it must fit or wrap`);
+});
+// other tables, printed text, code and display equations: fit, or scroll inside their own box
+const own = (e, what) => {
+  if (outside(e)) found.push(`${what} in ${cellName(e)} is cut at the column's edge`);
+  else if (wide(e) && !scrolls(e))
+    found.push(`${what} in ${cellName(e)} is ${e.scrollWidth} px in ${e.clientWidth} px and does not scroll`);
+};
+article.querySelectorAll('table:not(.ml-table)').forEach(t => own(t.closest('.pst-scrollable-table-container') || t,
+  'a table'));
+article.querySelectorAll('.cell_output pre').forEach(e => own(e, 'a text output'));
+article.querySelectorAll('pre').forEach(e => { if (!e.closest('.cell_output')) own(e, 'code'); });
+article.querySelectorAll('mjx-container[display="true"]').forEach((m, i) => own(m, `display equation ${i + 1}`));
+// figures: <img> in outputs (measured in Python), and inline SVG (measured here)
+const figures = Array.from(article.querySelectorAll('div.cell_output img')).map(img => ({
+  where: cellName(img), alt: (img.alt || '').slice(0, 60), src: img.currentSrc || img.src,
+  rendered: img.getBoundingClientRect().width, natural: img.naturalWidth}));
+article.querySelectorAll('div.cell_output svg').forEach(svg => {
+  const vb = svg.viewBox && svg.viewBox.baseVal;
+  const scale = vb && vb.width ? svg.getBoundingClientRect().width / vb.width : 1;
+  const sizes = Array.from(svg.querySelectorAll('text')).map(t => parseFloat(getComputedStyle(t).fontSize) * scale);
+  if (sizes.length) figures.push({where: cellName(svg), alt: '', src: 'inline', min_text_px: Math.min(...sizes)});
+});
+return {width: window.innerWidth, problems: found, figures: figures};
 """
 
 
@@ -273,7 +372,7 @@ def _collect(driver, server: str, page: str) -> dict:
         facts["background"][mode] = _set_theme(driver, mode)
         _screenshot(driver, _shot_name(page, mode), DESKTOP_WIDTH)
     _set_theme(driver, "light")
-    _screenshot(driver, _shot_name(page, "mobile"), MOBILE_WIDTH)
+    facts["phone"] = _screenshot(driver, _shot_name(page, "mobile"), MOBILE_WIDTH, measure=_PHONE_JS)
     return facts
 
 
@@ -500,3 +599,122 @@ def test_figures_carry_their_captions_as_alt_text(page, site):
     unnamed = [a for a in alts if not re.match(r"Figure \d+\.\d+ —", a)]
     assert alts or "_images/" not in html, f"{page}: output images found but no alt text read"
     assert not unnamed, f"{page}: images without a caption as alt text: {unnamed[:3]}"
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_page_readable_at_390px(page, visit):
+    """At a phone's width nothing runs off the screen or is cut: inline code and links break, card tables fit,
+    other tables, printed text, code and display equations fit or scroll inside their own box."""
+    phone = visit(page)["phone"]
+    assert not phone["problems"], f"{page} at {MOBILE_WIDTH} px: " + "; ".join(phone["problems"][:12])
+
+
+_FONT_SIZE = re.compile(r"font(?:-size)?\s*:\s*([\d.]+)(px|pt)?")
+
+
+def _svg_text_sizes(svg: Path) -> tuple[list[tuple[float, str]], float]:
+    """The font sizes of an SVG's text (user units, with the text) and its viewBox width (user units)."""
+    import xml.etree.ElementTree as ET
+
+    root = ET.parse(svg).getroot()
+    box = root.get("viewBox")
+    width = float(box.split()[2]) if box else float(re.match(r"[\d.]+", root.get("width", "0")).group())
+    sizes = []
+
+    def walk(node, inherited):
+        size = inherited
+        found = _FONT_SIZE.search(node.get("style", "")) or (
+            re.match(r"([\d.]+)(px|pt)?", node.get("font-size", "")) if node.get("font-size") else None
+        )
+        if found:
+            size = float(found.group(1)) * (4 / 3 if found.group(2) == "pt" else 1)
+        tag = node.tag.rsplit("}", 1)[-1]
+        if tag in ("text", "tspan") and "".join(node.itertext()).strip():
+            sizes.append((size, "".join(node.itertext()).strip()[:30]))
+        for child in node:
+            walk(child, size)
+
+    walk(root, 16.0)  # SVG's default font-size is the browser's, 16 px
+    return sizes, width
+
+
+def _png_dpi(png: Path) -> float:
+    """The dots per inch a PNG records (its pHYs chunk, as matplotlib writes it); 72 without one."""
+    data = png.read_bytes()
+    at = data.find(b"pHYs")
+    if at < 0:
+        return 72.0
+    x, _, unit = struct.unpack(">IIB", data[at + 4 : at + 13])
+    return x * 0.0254 if unit == 1 else 72.0
+
+
+def _figure_text_px(figure: dict, server: str) -> tuple[float, str]:
+    """The smallest text of a figure as rendered at 390 px, in CSS px, and what it is."""
+    if figure["src"] == "inline":
+        return figure["min_text_px"], "inline SVG text"
+    src = figure["src"]
+    assert src.startswith(server), f"a figure is not served by the site: {src[:80]}"
+    file = HTML / unquote(urlparse(src).path).lstrip("/")
+    if file.suffix == ".svg":
+        sizes, width = _svg_text_sizes(file)
+        assert sizes, (
+            f"{file.name} has no <text>: its text was drawn as paths (call ml.notebook.figures(), svg.fonttype none)"
+        )
+        size, text = min(sizes)
+        return size * figure["rendered"] / width, f"SVG text {text!r} of font-size {size:g}"
+    # PNG: the text is pixels; assume PNG_TEXT_PT at the image's own resolution, scaled as rendered
+    dpi = _png_dpi(file)
+    natural_px = PNG_TEXT_PT * dpi / 72
+    return natural_px * figure["rendered"] / figure["natural"], (
+        f"PNG ({PNG_TEXT_PT} pt text assumed at {dpi:.0f} dpi, shown at {figure['rendered']:.0f} of "
+        f"{figure['natural']} px)"
+    )
+
+
+def _figures_pending(page):
+    if page in FIGURES_PENDING:
+        reason = f"{page}: figures not yet converted to ml.notebook.figures() (FIGURES_PENDING in tests/test_site.py)"
+        return pytest.param(page, marks=pytest.mark.xfail(reason=reason, strict=False), id=page)
+    return pytest.param(page, id=page)
+
+
+def test_figures_pending_names_existing_chapters():
+    stale = FIGURES_PENDING - set(CHAPTERS)
+    assert not stale, f"FIGURES_PENDING names pages that are not chapters: {sorted(stale)}"
+
+
+@pytest.mark.parametrize("page", [_figures_pending(p) for p in PAGES])
+def test_figure_text_legible_at_390px(page, visit, server):
+    """Every figure's smallest text renders at MIN_FIGURE_TEXT_PX or more on a 390 px phone."""
+    small = []
+    for figure in visit(page)["phone"]["figures"]:
+        px, what = _figure_text_px(figure, server)
+        if px < MIN_FIGURE_TEXT_PX:
+            name = figure["alt"][:40] or figure["where"]
+            small.append(f"{name!r} ({figure['where']}): {what} renders at {px:.1f} px")
+    assert not small, f"{page} at {MOBILE_WIDTH} px, figure text below {MIN_FIGURE_TEXT_PX} px: " + "; ".join(
+        small
+    )
+
+
+def test_figure_text_measure_is_not_vacuous(tmp_path):
+    """The SVG measure reads matplotlib's own text sizes, the PNG one the dpi matplotlib records."""
+    import io
+
+    import matplotlib
+
+    matplotlib.use("agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3))
+    ax.set_title("title", fontsize=12)
+    ax.text(0.5, 0.5, "small", fontsize=7)
+    with matplotlib.rc_context({"svg.fonttype": "none"}):
+        fig.savefig(tmp_path / "f.svg", format="svg")
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=150)
+    plt.close(fig)
+    sizes, width = _svg_text_sizes(tmp_path / "f.svg")
+    assert width == 6 * 72 and min(sizes)[0] == 7 and max(sizes)[0] == 12, (sizes, width)
+    (tmp_path / "f.png").write_bytes(buffer.getvalue())
+    assert round(_png_dpi(tmp_path / "f.png")) == 150

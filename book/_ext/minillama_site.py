@@ -153,6 +153,18 @@ def _copy_mathjax(app, exception):
     shutil.copytree(source, target, ignore=skip, dirs_exist_ok=True)
 
 
+def _refresh_static(app, exception):
+    """Copy the site's own static files (book/_static) over the built ones: Sphinx 7.4 leaves a file it copied in an
+    earlier build as it was, so an edited minillama.css would not reach an incremental build."""
+    if exception is not None or app.builder.format != "html":
+        return
+    source = Path(app.srcdir) / "book" / "_static"
+    target = Path(app.outdir) / "_static"
+    for file in source.iterdir():
+        if file.is_file():
+            shutil.copy2(file, target / file.name)
+
+
 def _strip_nbval_markers(app, doctree):
     """Remove `# NBVAL_*` lines from the displayed source of code cells (MyST-NB's `cell_input` containers)."""
     for container in doctree.findall(nodes.container):
@@ -197,4 +209,5 @@ def setup(app):
     app.connect("html-page-context", _drop_duplicate_scripts, priority=900)  # after the themes add theirs
     app.add_css_file("minillama.css")
     app.connect("build-finished", _copy_mathjax)
+    app.connect("build-finished", _refresh_static)
     return {"parallel_read_safe": True, "parallel_write_safe": True}
