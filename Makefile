@@ -1,10 +1,16 @@
 # minillama: every target creates .venv on first use and installs the pinned environment.
-#   make book     build the site from the notebooks' stored outputs -> _build/html/index.html
-#   make test     everything CI runs: ruff, pytest, nbval, the Colab-like notebook runs, a -W book build, the browser test
-#   make execute  re-execute every notebook in place (CPU or GPU) to refresh the stored outputs
-#   make lab      JupyterLab on notebooks/, minillama importable
-#   make bench    python -m minillama bench (ARGS="..." passes options)
-#   make clean    remove build outputs (keeps .venv; `make distclean` removes it too)
+#   make book          build the site from the notebooks' stored outputs -> _build/html/index.html (needs npm once)
+#   make test          everything CI runs, in this order (515 s measured on 2 idle cores, 24 min on busy ones):
+#     make lint          ruff (seconds)
+#     make pytest        pytest tests/ without the two below (a few minutes)
+#     make nbval         every notebook re-executed, stored outputs compared (a few minutes)
+#     make colab-test    README snippet after a plain pip install; each notebook alone in a Colab-like venv
+#     make book-strict   the site built with warnings as errors (needs npm once)
+#     make browser-test  headless Chromium over the site (needs chromium: .ci/install-chromium, apt-get)
+#   make execute       re-execute every notebook in place (CPU or GPU) to refresh the stored outputs
+#   make lab           JupyterLab on notebooks/, minillama importable
+#   make bench         python -m minillama bench -> benchmarks/local/ (ARGS="--publish" adds it to the book's results)
+#   make clean         remove build outputs (keeps .venv; `make distclean` removes it and .cache too)
 
 SHELL := /bin/bash
 .SHELLFLAGS := -euo pipefail -c
@@ -15,7 +21,8 @@ PYTHON ?= $(shell command -v python3.11 2>/dev/null || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
 # Where torch==2.13.0 comes from. Empty: pip's configured indexes. On a machine where that would pull a
-# CUDA build, pass the CPU index: make test TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+# CUDA build, pass the CPU index to the FIRST target you run (it builds .venv; later targets reuse it):
+#   make book TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu   (to switch later: make distclean first)
 TORCH_INDEX_URL ?=
 TORCH_PIN := torch==2.13.0
 # Reinstalls whenever requirements.txt or pyproject.toml changes.
@@ -30,7 +37,7 @@ CELL_TIMEOUT ?= 600
 .PHONY: help venv mathjax book test lint pytest nbval colab-test book-strict browser-test execute lab bench clean distclean
 
 help:
-	@sed -n '2,7p' Makefile | sed 's/^# *//'
+	@sed -n '2,13p' Makefile | sed 's/^# //'
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -107,7 +114,7 @@ bench: $(STAMP)
 	$(BIN)/python -m minillama bench $(ARGS)
 
 clean:
-	rm -rf _build .jupyter_cache .pytest_cache .ruff_cache *.egg-info
+	rm -rf _build .jupyter_cache .pytest_cache .ruff_cache *.egg-info build dist
 	find . -path ./.venv -prune -o \( -name __pycache__ -o -name .ipynb_checkpoints \) -type d -print0 \
 	  | xargs -0 rm -rf
 

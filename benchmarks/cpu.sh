@@ -6,7 +6,8 @@
 #   1  batch 1, 15 repeats: the headline ratios (ml.generate / HF generate, decode step / matvec)
 #   2  batch 2, 4, 8, 16, 7 repeats: the batch sweep
 #
-#   bash benchmarks/cpu.sh                  # results in benchmarks/results/<machine>-<date>.json
+#   bash benchmarks/cpu.sh                  # results in benchmarks/results/<machine>-<date>.json (published:
+#                                           # the book renders it; a same-day rerun adds -2, never replaces)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
@@ -22,7 +23,7 @@ import json, sys
 from minillama import bench
 parts = [json.load(open(f"{sys.argv[1]}/{i}.json")) for i in (1, 2)]
 merged = bench.merge_results(parts)
-path = bench.save_results(merged)
+path = bench.save_results(merged, publish=True)
 print(bench.table(merged))
 print("results:", path)
 PYEOF

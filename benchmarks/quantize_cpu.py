@@ -14,13 +14,22 @@ within one round are what this measures, the absolute times move from run to run
   torchao-int8          torchao Int8WeightOnlyConfig, eager and compiled
   torchao-int4-g128     torchao's CPU int4 (prototype Int4OpaqueTensor), eager
 
-    .venv/bin/python benchmarks/quantize_cpu.py            # -> benchmarks/results/quantize-cpu.json
+    .venv/bin/python benchmarks/quantize_cpu.py            # -> benchmarks/local/quantize-cpu.json (git-ignored)
+    .venv/bin/python benchmarks/quantize_cpu.py --publish  # -> benchmarks/results/quantize-cpu.json (chapter 9's)
+
+The torchao-* variants need torchao, which the book's environment (requirements.txt) leaves out: on torch
+2.13.0's CPU build its import, which transformers performs whenever torchao is installed, prints warnings
+naming library paths into every notebook that imports transformers. Install it for this script only
+(`.venv/bin/pip install torchao==0.18.0`) or leave those variants out; the script says so before it builds
+anything.
 """
 
 import argparse
 import copy
+import importlib.util
 import json
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -71,10 +80,24 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=6)
-    parser.add_argument("--out", default="benchmarks/results/quantize-cpu.json")
+    parser.add_argument("--out", default=None, help="default: benchmarks/local/quantize-cpu.json")
+    parser.add_argument("--publish", action="store_true", help="write benchmarks/results/quantize-cpu.json")
     parser.add_argument("--variants", default=",".join(VARIANTS))
     opts = parser.parse_args()
     names = opts.variants.split(",")
+    if unknown := [n for n in names if n not in VARIANTS]:
+        parser.error(f"unknown variants {', '.join(unknown)}; valid: {', '.join(VARIANTS)}")
+    if opts.publish and opts.out:
+        parser.error("pass --out PATH or --publish, not both")
+    out = opts.out or f"benchmarks/{'results' if opts.publish else 'local'}/quantize-cpu.json"
+    needs_ao = [n for n in names if VARIANTS[n][2] == "torchao"]
+    if needs_ao and importlib.util.find_spec("torchao") is None:  # before a minute of building
+        plain = ",".join(n for n in names if n not in needs_ao)
+        sys.exit(
+            f"quantize_cpu.py: the variants {', '.join(needs_ao)} need torchao, which is not installed here "
+            f"(requirements.txt leaves it out). Install it: {sys.executable} -m pip install torchao==0.18.0; "
+            f"or run without them: --variants {plain}"
+        )
     torch.manual_seed(0)
     base = random_model(ARGS, dtype=torch.bfloat16)
     models, steps, build_s = {}, {}, {}
@@ -97,7 +120,7 @@ def main() -> None:
         "what": "decode step of one Llama 3.1 8B block (16,384-word head), batch 1, bf16 activations, per weight format",
         "machine": machine_info("cpu"),
         "torch": torch.__version__,
-        "torchao": __import__("torchao").__version__,
+        "torchao": __import__("torchao").__version__ if needs_ao else None,
         "threads": torch.get_num_threads(),
         "args": {"dim": ARGS.dim, "ffn": ARGS.ffn_hidden_dim, "vocab_size": ARGS.vocab_size, "context": CONTEXT},
         "rounds": opts.rounds,
@@ -117,11 +140,12 @@ def main() -> None:
             "rounds_s": times[name],
             "ratio_to_bf16": [t / b for t, b in zip(times[name], times["bf16"])] if "bf16" in times else None,
         }
-    Path(opts.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(opts.out).write_text(json.dumps(results, indent=1) + "\n")
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    Path(out).write_text(json.dumps(results, indent=1) + "\n")
     for name, v in results["variants"].items():
         ratio = statistics.median(v["ratio_to_bf16"]) if v["ratio_to_bf16"] else float("nan")
         print(f"{name:<24} {v['step_s'] * 1e3:8.1f} ms  {v['bytes'] / 1e6:6.0f} MB  x{ratio:.2f} of bf16")
+    print(f"results: {out}")
 
 
 if __name__ == "__main__":

@@ -7,6 +7,8 @@ p rotary pairs (hd / 2), v vocabulary.
 
 __version__ = "0.1.0"
 
+# first: a Python without torch, einops, ... gets one line saying which Python to use
+from . import _requires  # isort: skip
 from . import inspect, notebook
 from .accounting import (
     count_parameters,
@@ -21,14 +23,17 @@ from .attention import Attention
 from .cards import card, card_tabs, tensor_card
 from .checkpoint import load, load_args, save
 from .config import MODELS, ModelArgs
+from .decode import decode_one_token, prefill
 from .fetch import fetch
 from .ffn import FeedForward
-from .generate import decode_one_token, generate, prefill, sample
+from .generate import generate
 from .kv_cache import KVCache
 from .model import Transformer, TransformerBlock
 from .norm import RMSNorm
 from .quantize import quantize
 from .rope import RotaryEmbedding, apply_rotary, inv_freq
+from .sampling import sample
+from .serving import Engine, SamplingParams
 from .tokenizer import Tokenizer
 
 

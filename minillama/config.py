@@ -11,6 +11,7 @@ output head to the embedding and scale RoPE by 32, not 8: both are in their Hugg
 from __future__ import annotations
 
 import dataclasses
+import difflib
 from dataclasses import dataclass
 
 
@@ -76,7 +77,32 @@ class ModelArgs:
         return dataclasses.replace(self, **changes)
 
 
-MODELS: dict[str, ModelArgs] = {
+def close_matches(name: str, names) -> list[str]:
+    """The catalogue names nearest to `name` (case and separators ignored first), best first."""
+    names = list(names)
+    folded = {n.lower().replace("_", "-").replace(" ", "-"): n for n in names}
+    key = str(name).lower().replace("_", "-").replace(" ", "-")
+    if key in folded:
+        return [folded[key]]
+    return [folded[m] for m in difflib.get_close_matches(key, list(folded), n=3, cutoff=0.6)]
+
+
+def unknown_model(name: str, names) -> str:
+    """The message for a name the catalogue lacks: the close matches, then every valid name."""
+    names = list(names)
+    near = close_matches(name, names)
+    hint = f"did you mean {' or '.join(repr(n) for n in near)}? " if near else ""
+    return f"unknown model {name!r}; {hint}valid models: {', '.join(names)}"
+
+
+class Catalogue(dict):
+    """A dict of `ModelArgs` by name whose missing key raises a `KeyError` naming the close matches."""
+
+    def __missing__(self, key):
+        raise KeyError(unknown_model(key, self))
+
+
+MODELS: dict[str, ModelArgs] = Catalogue({
     "llama-3.1-8b": ModelArgs(name="Llama 3.1 8B"),
     "llama-3.1-70b": ModelArgs(
         dim=8192, n_layers=80, n_heads=64, n_kv_heads=8, multiple_of=4096, name="Llama 3.1 70B"
@@ -128,4 +154,4 @@ MODELS: dict[str, ModelArgs] = {
         max_seq_len=2048,
         name="tiny",
     ),
-}
+})

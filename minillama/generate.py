@@ -2,11 +2,13 @@
 
 Autoregressive decoding: x_{n+1} ~ softmax(logits(x_1..x_n) / temperature), restricted to the top-k
 tokens and/or the smallest set whose probability reaches top_p (Holtzman et al. 2019, "nucleus
-sampling"), or argmax when temperature is 0. Meta's loop (meta-llama/llama3 `llama/generation.py`)
+sampling"), or argmax when temperature is 0 (`minillama.sampling`). Meta's loop (meta-llama/llama3 `llama/generation.py`)
 recomputes nothing: `prefill` runs the whole prompt once and fills the cache, then `decode_one_token`
 feeds one token per row per step. The two are separate functions, as in pytorch-labs/gpt-fast, so the
 small, shape-static decode step is what chapter 8 compiles: its position is a tensor, so
-`torch.compile(decode_one_token, fullgraph=True)` never recompiles as positions advance.
+`torch.compile(decode_one_token, fullgraph=True)` never recompiles as positions advance. Both live in
+`minillama.decode`, below this loop, `speculative` and `serving` (imports run one way; the names stay
+importable from here).
 
 Ragged batches: prompts of different lengths are right-padded into one `[b, t]` tensor; prefill reads
 each row's logits at its own last prompt position, and decode feeds row r at position len_r + i. A
@@ -20,86 +22,12 @@ from collections.abc import Iterator, Sequence
 
 import torch
 
+from . import speculative
+from .decode import decode_one_token, prefill
 from .model import Transformer
+from .sampling import argmax, draw, probabilities, sample
 
-
-def argmax(x: torch.Tensor, chunk: int = 256) -> torch.Tensor:
-    """`x.argmax(dim=-1)` for `[b, v]` (the same index, the first of tied maxima), in two passes when v
-    splits into chunks: the largest value of each chunk, the best chunk, then the best entry within it.
-    A CPU's argmax over one long row runs as a scalar loop (~0.23 ms for 128,256 logits here), while
-    amax vectorises (~0.01 ms); the two passes take ~0.03 ms, ~2.5 % of a tiny-model decode step."""
-    b, v = x.shape
-    if v % chunk or v < 16 * chunk:
-        return x.argmax(dim=-1)
-    chunks = x.view(b, v // chunk, chunk)
-    best = chunks.amax(dim=-1).argmax(dim=-1, keepdim=True)  # [b, 1]: the first chunk holding the max
-    within = chunks.gather(1, best[:, :, None].expand(b, 1, chunk))[:, 0].argmax(dim=-1)
-    return best[:, 0] * chunk + within
-
-
-def probabilities(
-    logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None, top_p: float = 1.0
-) -> torch.Tensor:
-    """The distribution `sample` draws from when temperature > 0: softmax(logits / temperature) over
-    `[..., v]`, restricted to the top_k largest logits and to the top_p nucleus (zeros elsewhere; the
-    restricted rows are not renormalised, a draw by `draw` does not need it)."""
-    logits = logits.float() / temperature
-    if top_k is not None and top_k < logits.shape[-1]:
-        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    probs = torch.softmax(logits, dim=-1)
-    if top_p < 1.0:
-        # Meta's rule (llama3 `llama/generation.py` sample_top_p): keep the most probable tokens until
-        # the mass before a token reaches top_p; the most probable token always stays
-        sorted_probs, order = torch.sort(probs, dim=-1, descending=True)
-        drop = sorted_probs.cumsum(dim=-1) - sorted_probs > top_p
-        probs = probs.scatter(-1, order, sorted_probs.masked_fill(drop, 0.0))
-    return probs
-
-
-def draw(weights: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-    """One draw per row of `[b, v]` non-negative weights, index i with probability w_i / sum(w), without
-    a host sync: argmax of weights / Exp(1) noise (the exponential race, as gpt-fast samples); tokens of
-    weight 0 can never win (the noise is clamped away from 0, where 0 / 0 would be NaN and argmax would
-    pick a masked token)."""
-    noise = (
-        torch.empty_like(weights)
-        .exponential_(1, generator=generator)
-        .clamp_min_(torch.finfo(weights.dtype).tiny)
-    )
-    return argmax(weights / noise)
-
-
-def sample(
-    logits: torch.Tensor,
-    temperature: float = 0.0,
-    top_k: int | None = None,
-    top_p: float = 1.0,
-    generator: torch.Generator | None = None,
-) -> torch.Tensor:
-    """Next tokens `[b]` from logits `[b, v]`: argmax when temperature is 0, else a draw from the
-    tempered softmax restricted to the top_k largest logits and to the top_p nucleus."""
-    if temperature == 0:
-        return argmax(logits)
-    return draw(probabilities(logits, temperature, top_k, top_p), generator)
-
-
-def prefill(
-    model: Transformer, tokens: torch.Tensor, lengths: torch.Tensor, **sampling
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Run right-padded prompts `[b, t]` (row r holds `lengths[r]` real tokens) through the model from
-    position 0, filling the cache; returns the first new tokens `[b, 1]` and their logits `[b, v]`."""
-    logits = model(tokens, start_pos=0, logits_at=lengths - 1)[:, 0]
-    return sample(logits, **sampling)[:, None], logits
-
-
-def decode_one_token(
-    model: Transformer, token: torch.Tensor, pos: torch.Tensor, **sampling
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """One decode step: `token` `[b, 1]` at positions `pos` `[b]` (a tensor, so a compiled step does
-    not specialise on it) -> the next tokens `[b, 1]` and their logits `[b, v]`."""
-    logits = model(token, start_pos=pos)[:, 0]
-    return sample(logits, **sampling)[:, None], logits
+__all__ = ["argmax", "decode_one_token", "draw", "generate", "prefill", "probabilities", "sample"]
 
 
 def _prompt_ids(prompts, tokenizer) -> list[list[int]]:
@@ -137,17 +65,34 @@ def _check_sampling(temperature, top_k, top_p, max_new_tokens):
         raise ValueError(f"top_p={top_p} must be in (0, 1] (1 keeps every token)")
 
 
+def context_overflow(prompt_len: int, max_new_tokens: int, limit: int, names=("max_new_tokens", "max_seq_len")):
+    """None when a prompt of `prompt_len` tokens and `max_new_tokens` new ones fit `limit` cache positions,
+    else the message: how many positions they need, how many prompt tokens to cut, and the largest
+    `max_new_tokens` that fits when one does. `names`: how the caller spells the two settings (the CLI
+    says --max-new-tokens)."""
+    needed = prompt_len + max_new_tokens - 1  # the last new token is never fed back, so never cached
+    if needed <= limit:
+        return None
+    new, cap = names
+    cut = needed - limit
+    fix = f"cut the prompt by {cut} token{'s' if cut > 1 else ''} (to {limit - max_new_tokens + 1})"
+    if prompt_len <= limit:  # the prompt alone fits: fewer new tokens is the other way
+        fix += f", or lower {new} to {limit - prompt_len + 1}"
+    return (
+        f"a prompt of {prompt_len} tokens + {max_new_tokens} new tokens needs {needed} cache positions, more "
+        f"than {cap}={limit} (the last new token is never cached: {prompt_len} + {max_new_tokens} - 1); {fix}"
+    )
+
+
 def _setup(model: Transformer, rows: list[list[int]], max_new_tokens: int, max_seq_len: int | None) -> None:
     """Check that the prompts and new tokens fit, and give the model a cache that holds them."""
     b, longest = len(rows), max(len(r) for r in rows)
     needed = longest + max_new_tokens - 1  # the last new token is never fed back
     limit = max_seq_len if max_seq_len is not None else model.args.max_seq_len
-    if needed > limit:
-        raise ValueError(
-            f"a prompt of {longest} tokens + {max_new_tokens} new tokens needs {needed} cache positions, more "
-            f"than max_seq_len={limit}; shorten the prompt, lower max_new_tokens to {max(limit - longest + 1, 0)}"
-            f"{', or pass a larger max_seq_len' if max_seq_len is not None else ''}"
-        )
+    if message := context_overflow(longest, max_new_tokens, limit):
+        if max_seq_len is not None and max_seq_len < model.args.max_seq_len:
+            message += f", or pass a larger max_seq_len (up to the model's {model.args.max_seq_len})"
+        raise ValueError(message)
     vocab = model.args.vocab_size
     for i, row in enumerate(rows):
         if min(row) < 0 or max(row) >= vocab:
@@ -294,8 +239,6 @@ def _speculate(
     verify_step,
     stats,
 ):
-    from . import speculative
-
     speculative.check_draft(model, draft, k)
     longest = max(len(r) for r in rows)
     for name, net in (("target", model), ("draft", draft)):

@@ -35,8 +35,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .generate import argmax, draw, prefill, probabilities
+from .decode import prefill
 from .model import Transformer
+from .sampling import argmax, draw, probabilities
 
 
 @dataclass

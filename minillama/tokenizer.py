@@ -208,11 +208,17 @@ class Tokenizer:
         `checkpoint` may be a GGUF file (its own vocabulary: this class for Llama 3's, else a
         `GGUFTokenizer` with the same interface, see `tokenizer_gguf.py`), a ranks file, or a directory holding `tokenizer.model` (Meta's layout) or
         `original/tokenizer.model` (Hugging Face's copy of Meta's files). Without one there, every
-        Llama 3.x model shares the ranks file shipped in `llama_models/llama3/`.
+        Llama 3.x model shares the ranks file shipped in `llama_models/llama3/`. A `checkpoint` that does
+        not exist raises `FileNotFoundError` (it is a mistake, not a request for the shipped file).
         """
         looked: list[str] = []
         if checkpoint is not None:
             checkpoint = Path(checkpoint)
+            if not checkpoint.exists():  # a typo must not fall back to the shipped ranks silently
+                raise FileNotFoundError(
+                    f"{checkpoint} does not exist; pass a .gguf file, a ranks file ({TOKENIZER_FILE}) or a checkpoint "
+                    f"directory, or call Tokenizer.default() for the Llama 3 ranks shipped with llama-models"
+                )
             if checkpoint.is_file() and checkpoint.suffix.lower() == ".gguf":
                 return cls._from_gguf(checkpoint)
             if checkpoint.is_file():
@@ -221,6 +227,11 @@ class Tokenizer:
                 if candidate.is_file():
                     return cls(candidate)
                 looked.append(str(candidate))
+            # a folder holding one GGUF file and no other checkpoint: `load` reads that file, so its vocabulary
+            ggufs = sorted(checkpoint.glob("*.gguf")) if checkpoint.is_dir() else []
+            others = [n for n in ("config.json", "params.json") if (checkpoint / n).is_file()]
+            if len(ggufs) == 1 and not others:
+                return cls._from_gguf(ggufs[0])
         try:
             spec = importlib.util.find_spec(LLAMA_MODELS_PACKAGE)  # locates the package, runs none of it
         except (ImportError, ValueError):

@@ -163,6 +163,67 @@ def test_command_line_writes_json(tmp_path, capsys):
     assert "tok/s" in capsys.readouterr().out
 
 
+def _snapshot(folder):
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_a_local_run_leaves_the_books_results_alone(tmp_path):
+    """`make bench` / `python -m minillama bench` with its default output, in a scratch copy of the
+    committed results: they stay byte for byte what chapters 7-8 render; the run lands in benchmarks/local/."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    shutil.copytree(root / "benchmarks" / "results", tmp_path / "benchmarks" / "results")
+    committed = tmp_path / "benchmarks" / "results"
+    before, rendered = _snapshot(committed), bench.load_results(str(committed / "*.json"))
+    assert rendered, "the scratch copy holds the committed results"
+    argv = ["--model", "tiny", "--prompt-len", "4", "--new-tokens", "2", "--repeats", "1", "--variants", "eager",
+            "--no-ceilings", "--quiet"]  # fmt: skip
+    run = subprocess.run(
+        [sys.executable, "-m", "minillama", "bench", *argv],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(root)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stderr
+    assert _snapshot(committed) == before
+    assert bench.load_results(str(committed / "*.json")) == rendered
+    local = sorted((tmp_path / "benchmarks" / "local").glob("*.json"))
+    assert len(local) == 1 and f"results: {local[0].relative_to(tmp_path)}" in run.stdout
+    assert json.loads(local[0].read_text())["config"]["variants"] == ["eager"]
+
+
+def test_publishing_adds_a_result_and_never_replaces_one(results, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    m = results["machine"]
+    assert bench.default_path(results) == bench.LOCAL / f"{m['slug']}-{m['date']}.json"
+    first = bench.save_results(results, publish=True)
+    assert first == bench.RESULTS / f"{m['slug']}-{m['date']}.json"
+    kept = first.read_bytes()
+    second = bench.save_results({**results, "wall_s": -1.0}, publish=True)  # the same machine, the same day
+    assert second == bench.RESULTS / f"{m['slug']}-{m['date']}-2.json" and first.read_bytes() == kept
+    assert bench.fresh_path(first) == bench.RESULTS / f"{m['slug']}-{m['date']}-3.json"
+    assert len(bench.load_results(str(tmp_path / bench.RESULTS / "*.json"))) == 2
+    with pytest.raises(SystemExit):
+        bench.main(["--publish", "--json", "x.json"])
+
+
+def test_hf_variants_without_transformers_suggest_the_variants_without_them(monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "transformers", None)  # as if not installed
+    with pytest.raises(ValueError, match=r"\(hf, hf-static\) need transformers.*--variants eager,static$"):
+        bench.run("tiny", variants="eager,static,hf,hf-static", new_tokens=2, prompt_len=4, repeats=1)
+    with pytest.raises(ValueError, match=r"--variants eager,static,compile,generate$"):
+        bench.run("tiny", variants="hf", new_tokens=2, prompt_len=4, repeats=1)
+
+
 def test_bad_input_names_the_fix():
     with pytest.raises(ValueError, match="valid variants: eager"):
         bench.run("tiny", variants="eager,turbo")
@@ -236,3 +297,29 @@ def test_speculative_variants_give_the_plain_tokens(monkeypatch):
         spec = runs[name]["speculative"]
         assert spec["k"] == int(name[-1]) and 1 <= spec["tokens_per_forward"] <= spec["k"] + 1
     assert bench.variants.TABLE["spec-int8-k8"].extra_positions == 8
+
+
+def test_quantize_cpu_says_what_to_install_before_building_anything(tmp_path):
+    """benchmarks/quantize_cpu.py without torchao: its torchao variants are named with the install line and
+    the --variants that run without it, before the minute of building (nothing is written)."""
+    import importlib.util
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    if importlib.util.find_spec("torchao") is not None:
+        pytest.skip("torchao is installed here: the script runs its variants")
+    root = Path(__file__).resolve().parent.parent
+    run = subprocess.run(
+        [sys.executable, str(root / "benchmarks" / "quantize_cpu.py")],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(root)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 1 and "Traceback" not in run.stderr
+    assert "need torchao" in run.stderr and "pip install torchao==0.18.0" in run.stderr
+    assert "--variants bf16,int8," in run.stderr and "torchao-int8" not in run.stderr.split("--variants")[-1]
+    assert not list(tmp_path.rglob("*.json"))

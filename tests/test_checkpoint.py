@@ -334,6 +334,18 @@ def test_path_that_does_not_exist(tmp_path):
         ml.load(tmp_path / "nowhere")
 
 
+def test_cuda_without_a_gpu_is_a_clear_error_before_any_progress_bar(tmp_path, capsys, monkeypatch):
+    model = random_model(ml.ModelArgs(dim=32, n_layers=1, n_heads=4, n_kv_heads=2, vocab_size=64, max_seq_len=16))
+    ml.save(model, tmp_path)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # as on a machine without a GPU
+    for device in ("cuda", "cuda:1", torch.device("cuda")):
+        with pytest.raises(ValueError, match=r"device='cuda(:1)?' but CUDA is not available here") as error:
+            ml.load(tmp_path, device=device)
+        assert "device='cpu'" in str(error.value)
+    assert capsys.readouterr().err == ""  # no progress bar was started
+    assert ml.load(tmp_path, device="cpu", progress=False).args == model.args
+
+
 def test_unknown_layout_lists_the_files(tmp_path):
     (tmp_path / "notes.txt").write_text("hi")
     (tmp_path / "pytorch_model.bin").write_bytes(b"")

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from conftest import random_model
 
 import minillama as ml
@@ -251,7 +252,7 @@ def test_a_damaged_checkpoint_is_one_line_and_exit_2(kind, small_checkpoint, tmp
     _model, path = small_checkpoint
     shutil.copytree(path, tmp_path, dirs_exist_ok=True)
     named = _damaged(tmp_path, kind)
-    assert main(["generate", "--checkpoint", str(tmp_path), "--prompt", "hi", "--quiet"]) == 2
+    assert main(["generate", "--checkpoint", str(tmp_path), "--prompt", "hi", "--max-new-tokens", "4", "--quiet"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("python -m minillama: error:") and named in err, err
 
@@ -260,3 +261,149 @@ def test_a_missing_checkpoint_is_one_line_and_exit_2(tmp_path):
     result = run("generate", "--checkpoint", str(tmp_path / "nowhere"), "--prompt", "hi")
     assert result.returncode == 2
     assert result.stderr.count("\n") == 1 and "nowhere" in result.stderr
+
+
+# ---- arguments checked before any weights are made or read; errors that name the real problem ------------
+
+
+@pytest.fixture
+def no_model(monkeypatch):
+    """Building or loading a model fails the test: the checks under test must come first."""
+    import minillama.__main__ as cli
+    import minillama.checkpoint
+
+    def boom(*args, **kwargs):
+        raise AssertionError("a model was built before the arguments were checked")
+
+    monkeypatch.setattr(cli, "random_model", boom)
+    monkeypatch.setattr(minillama.checkpoint, "load", boom)
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--max-new-tokens", "0"], "--max-new-tokens 0 must be at least 1"),
+        (["--temperature", "-1"], "--temperature -1.0 must be >= 0 (0 is greedy)"),
+        (["--top-p", "0"], "--top-p 0.0 must be in (0, 1]"),
+        (["--top-k", "0"], "--top-k 0 must be at least 1"),
+        (["--max-seq-len", "0"], "--max-seq-len 0 must be at least 1"),
+        (["--system", "be brief"], "--system is a chat message: pass --chat too"),
+    ],
+)
+def test_bad_settings_are_rejected_before_the_model_is_built(extra, message, no_model, capsys):
+    assert main(["generate", "--model", "tiny", "--prompt", "hi", *extra]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err
+
+
+def test_a_prompt_longer_than_the_context_says_how_much_to_cut_before_building(no_model, capsys):
+    tok = ml.Tokenizer.default()
+    prompt = "hello " * 3000
+    n = len(tok.encode(prompt, bos=True))  # the oracle: the tokenizer itself
+    assert main(["generate", "--model", "tiny", "--prompt", prompt, "--max-new-tokens", "8"]) == 2
+    err = capsys.readouterr().err
+    limit = ml.MODELS["tiny"].max_seq_len
+    assert f"a prompt of {n} tokens + 8 new tokens needs {n + 7} cache positions, more than max_seq_len={limit}" in err
+    assert f"cut the prompt by {n + 7 - limit} tokens" in err and "--max-new-tokens to" not in err  # 0 is no fix
+    # a prompt that fits with fewer new tokens: both fixes, each exact; a lowered --max-seq-len: raise it
+    argv = ["generate", "--model", "tiny", "--prompt", "hello " * 1000, "--max-new-tokens", "100", "--max-seq-len", "1050"]
+    assert main(argv) == 2
+    n = len(tok.encode("hello " * 1000, bos=True))
+    err = capsys.readouterr().err
+    assert f"cut the prompt by {n + 99 - 1050} tokens" in err and f"lower --max-new-tokens to {1050 - n + 1}" in err
+    assert f"raise --max-seq-len (up to the model's {limit})" in err
+
+
+def test_a_checkpoints_context_is_checked_from_its_config(small_checkpoint, no_model, capsys):
+    _model, path = small_checkpoint  # max_seq_len 128
+    assert main(["generate", "--checkpoint", str(path), "--prompt", "hi", "--max-new-tokens", "200"]) == 2
+    assert "more than max_seq_len=128" in capsys.readouterr().err
+
+
+def test_random_weights_that_do_not_fit_say_what_fits(monkeypatch, no_model, capsys):
+    import minillama.__main__ as cli
+
+    size8b = ml.count_parameters(ml.MODELS["llama-3.1-8b"]).total
+    monkeypatch.setattr(cli, "_available_bytes", lambda device: int(size8b * 3))  # fits 16 bits, not 32
+    assert main(["generate", "--model", "llama-3.1-8b", "--prompt", "hi", "--device", "cpu"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "llama-3.1-8b with random weights in float32 needs about" in err
+    assert f"{size8b * 4 / 1e9:.0f}" in err.split("needs about ")[1][:4]  # about 4 bytes per parameter
+    assert "--dtype bfloat16" in err and "llama-3.2-1b" in err and "tiny" in err and "llama-3.1-70b (" not in err
+    monkeypatch.setattr(cli, "_available_bytes", lambda device: 2 * 10**9)  # only tiny fits, in any dtype
+    assert main(["generate", "--model", "llama-3.1-8b", "--prompt", "hi", "--device", "cpu"]) == 2
+    err = capsys.readouterr().err
+    assert "--dtype bfloat16" not in err and "a smaller --model: tiny (" in err
+
+
+def test_enough_memory_passes_the_check(monkeypatch):
+    import minillama.__main__ as cli
+
+    need = cli._model_bytes(ml.MODELS["tiny"], torch.float32, 10)
+    monkeypatch.setattr(cli, "_available_bytes", lambda device: need + 1)
+    cli._check_memory(argparse_ns(model="tiny"), ml.MODELS["tiny"], torch.device("cpu"), torch.float32, 10)
+    monkeypatch.setattr(cli, "_available_bytes", lambda device: need - 1)
+    with pytest.raises(cli.UsageError):
+        cli._check_memory(argparse_ns(model="tiny"), ml.MODELS["tiny"], torch.device("cpu"), torch.float32, 10)
+
+
+def argparse_ns(**kwargs):
+    import argparse
+
+    return argparse.Namespace(**kwargs)
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["count", "meta-llama/Llama-3.1-8B"], "hub ids are not fetched, download it"),
+        (["generate", "--checkpoint", "meta-llama/Llama-3.1-8B", "--prompt", "hi"], "--checkpoint DIR"),
+        (["generate", "--model", "meta-llama/Llama-3.1-8B", "--prompt", "hi"], "looks like a Hugging Face hub id"),
+        (["count", "/no/such/checkpoint"], "no such checkpoint folder: /no/such/checkpoint"),
+        (["count", "llama-3.1-8B"], "did you mean 'llama-3.1-8b'?"),
+        (["generate", "--model", "llama-3.2-1B", "--prompt", "hi"], "did you mean 'llama-3.2-1b'?"),
+    ],
+)
+def test_names_and_paths_errors_name_the_real_problem(argv, message, no_model, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err, err
+
+
+def test_a_file_where_a_folder_is_expected(small_checkpoint, no_model, capsys):
+    _model, path = small_checkpoint
+    weights = path / "model.safetensors"
+    for argv in (["count", str(weights)], ["generate", "--checkpoint", str(weights), "--prompt", "hi"]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert f"{weights} is a file" in err and f"pass {path}" in err and "not found" not in err
+
+
+def test_version_and_defaults_in_help(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["--version"])
+    assert exit_.value.code == 0 and capsys.readouterr().out.strip().startswith(f"minillama {ml.__version__} (torch ")
+    with pytest.raises(SystemExit):
+        main(["generate", "--help"])
+    out = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
+    for shown in ("most tokens to generate (default: 128)", "(default: 0.6)", "(default: 0.9)", "(default: auto)"):
+        assert shown in out
+
+
+def test_card_takes_a_checkpoint_folder_like_count(small_checkpoint, capsys):
+    from minillama.cards import card
+
+    model, path = small_checkpoint
+    assert main(["card", "attention", "--model", str(path), "--mode", "decode", "--positions", "10"]) == 0
+    out = capsys.readouterr().out
+    assert out == str(card("attention", model.args, mode="decode", positions=10, batch="B")) + "\n"
+    with pytest.raises(SystemExit):
+        main(["card", "attention", "--model", "llama-3.1-8B"])
+    assert "did you mean 'llama-3.1-8b'?" in capsys.readouterr().err
+
+
+def test_bench_without_transformers_suggests_variants_without_hf_peers(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "transformers", None)  # as if not installed
+    assert main(["bench", "--variants", "eager,hf", "--new-tokens", "2", "--no-save", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "need transformers" in err and "--variants eager" in err

@@ -59,7 +59,7 @@ def _pip(python: Path, *args: str) -> None:
 
 def _source_copy(dest: Path) -> Path:
     """What `pip install <repository>` sees: the package, pyproject.toml and README, outside the checkout."""
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
         shutil.copy2(ROOT / name, dest / name)
     shutil.copytree(ROOT / "minillama", dest / "minillama", ignore=shutil.ignore_patterns("__pycache__"))
     return dest
@@ -100,6 +100,19 @@ def _readme_snippet() -> str:
     return re.search(r"```python\n(.*?)```", section, re.S).group(1)
 
 
+# after the README's snippet: a checkpoint of its model saved and loaded (safetensors.torch needs numpy, which
+# only a declared dependency brings into a venv that holds torch alone) gives the same greedy tokens
+SAVE_AND_LOAD = """
+import tempfile
+with tempfile.TemporaryDirectory() as folder:
+    ml.save(model, folder)
+    back = ml.load(folder, progress=False)
+    again = ml.generate(back, [tok.encode("Hello", bos=True)], max_new_tokens=8, temperature=0.0)
+assert len(out[0]) == 8 and again == out, (again, out)
+print("saved and loaded the same model")
+"""
+
+
 def test_readme_snippet_runs_after_a_plain_pip_install(tmp_path):
     python = _venv("pip", lambda python: None)
     (tmp_path / "src").mkdir()
@@ -110,13 +123,17 @@ def test_readme_snippet_runs_after_a_plain_pip_install(tmp_path):
     assert _torch_version(python) == "2.13.0", "pip install of the repository replaced torch"
     snippet = _readme_snippet()
     run = subprocess.run(
-        [str(python), "-c", snippet], cwd=tmp_path, capture_output=True, text=True, timeout=300
+        [str(python), "-c", snippet + SAVE_AND_LOAD], cwd=tmp_path, capture_output=True, text=True, timeout=300
     )
     assert run.returncode == 0, f"the README's package snippet failed:\n{run.stderr[-3000:]}"
-    # each `print(...)  # N` line of the snippet prints N
+    assert "NumPy" not in run.stderr, f"numpy is missing from the installed dependencies:\n{run.stderr[-3000:]}"
+    # each `print(...)  # N` line of the snippet prints N, first; then the decoded text (random weights: any
+    # text, possibly with newlines), then the save/load line
     expected = [m.group(1) for m in re.finditer(r"^print\(.*\)\s+# (\d+)", snippet, re.M)]
     assert expected, "the snippet has no print line with its expected value"
-    assert run.stdout.split() == expected
+    assert run.stdout.startswith("\n".join(expected) + "\n"), run.stdout
+    assert "print(tok.decode(out[0]))" in snippet, "the snippet shows what it generated"
+    assert run.stdout.endswith("\nsaved and loaded the same model\n"), run.stdout
 
 
 # ---- Colab ----------------------------------------------------------------------------------------

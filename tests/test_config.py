@@ -47,3 +47,29 @@ def test_replace_copies_and_validates():
         args.replace(n_kv_heads=5)
     with pytest.raises(ValueError, match="n_layers=0"):
         args.replace(n_layers=0)
+
+
+@pytest.mark.parametrize(
+    "typed, suggested",
+    [
+        ("llama-3.1-8B", "'llama-3.1-8b'"),  # case
+        ("llama_3.2_1b", "'llama-3.2-1b'"),  # separators
+        ("lama-3.1-8b", "'llama-3.1-8b'"),  # a typo
+        ("llama-3.3-70", "'llama-3.3-70b'"),
+    ],
+)
+def test_an_unknown_name_is_a_key_error_that_suggests_the_close_match(typed, suggested):
+    with pytest.raises(KeyError) as error:
+        ml.MODELS[typed]
+    message = error.value.args[0]
+    assert message.startswith(f"unknown model {typed!r}; did you mean {suggested}")
+    assert message.endswith(f"valid models: {', '.join(ml.MODELS)}")
+
+
+def test_a_name_far_from_every_model_lists_them_without_a_guess():
+    with pytest.raises(KeyError) as error:
+        ml.MODELS["gpt-5"]
+    assert error.value.args[0] == f"unknown model 'gpt-5'; valid models: {', '.join(ml.MODELS)}"
+    # the rest of the dict behaves as a dict
+    assert ml.MODELS.get("gpt-5") is None and "gpt-5" not in ml.MODELS and "tiny" in ml.MODELS
+    assert isinstance(ml.MODELS, dict) and list(ml.MODELS)[0] == "llama-3.1-8b"

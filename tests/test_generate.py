@@ -204,6 +204,21 @@ def test_prompt_longer_than_the_cache(model):
         )  # raises before iterating
 
 
+def test_the_overflow_message_says_how_many_tokens_to_cut(model):
+    # 11 + 10 - 1 = 20 positions in 16: a prompt of 7 (7 + 10 - 1 = 16) or 6 new tokens (11 + 6 - 1 = 16);
+    # each fix, applied, runs
+    with pytest.raises(ValueError) as error:
+        ml.generate(model, [[1] * 11], max_new_tokens=10, max_seq_len=16)
+    message = str(error.value)
+    assert "cut the prompt by 4 tokens (to 7)" in message and "lower max_new_tokens to 6" in message
+    assert "pass a larger max_seq_len (up to the model's 256)" in message
+    assert len(ml.generate(model, [[1] * 7], max_new_tokens=10, max_seq_len=16)[0]) == 10
+    assert len(ml.generate(model, [[1] * 11], max_new_tokens=6, max_seq_len=16)[0]) == 6
+    # a prompt longer than the whole context: only cutting it helps, and 0 new tokens is never suggested
+    with pytest.raises(ValueError, match=r"cut the prompt by 52 tokens \(to 248\)$"):
+        ml.generate(model, [[1] * 300], max_new_tokens=9)
+
+
 @pytest.mark.parametrize(
     "kwargs, message",
     [

@@ -366,6 +366,15 @@ def test_default_falls_back_to_the_package(tok, tmp_path):
     assert tok.path.parts[-3:] == ("llama_models", "llama3", "tokenizer.model")
 
 
+def test_default_of_a_path_that_does_not_exist_raises(tok, tmp_path):
+    """A mistyped checkpoint must not silently give the shipped tokenizer (a checkpoint's own may differ)."""
+    for missing in (tmp_path / "no" / "such" / "dir", "/no/such/dir", tmp_path / "tokenizer.model"):
+        with pytest.raises(FileNotFoundError, match=r"does not exist; pass a ranks file") as error:
+            Tokenizer.default(missing)
+        assert str(missing) in str(error.value) and "Tokenizer.default()" in str(error.value)
+    assert Tokenizer.default().path == tok.path  # no argument: the shipped file, as before
+
+
 def test_default_error_lists_every_place_it_looked(tmp_path, monkeypatch):
     monkeypatch.setattr(tokenizer_module, "LLAMA_MODELS_PACKAGE", "minillama_no_such_package")
     with pytest.raises(FileNotFoundError) as error:

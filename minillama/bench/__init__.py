@@ -29,13 +29,24 @@ from .cli import main
 from .machine import machine_info
 from .models import build_model, hf_peer
 from .report import plot_results, table
-from .results import RESULTS, default_path, headline, load_results, merge_results, ratios, save_results
+from .results import (
+    LOCAL,
+    RESULTS,
+    default_path,
+    fresh_path,
+    headline,
+    load_results,
+    merge_results,
+    ratios,
+    save_results,
+)
 from .runner import DTYPES, run
 from .variants import ALIASES, QUANTISED, TABLE, VARIANTS, WATERFALL, Timed, Variant, default_variants
 
 __all__ = [
     "ALIASES",
     "DTYPES",
+    "LOCAL",
     "QUANTISED",
     "RESULTS",
     "TABLE",
@@ -47,6 +58,7 @@ __all__ = [
     "copy_bandwidth",
     "default_path",
     "default_variants",
+    "fresh_path",
     "headline",
     "hf_peer",
     "load_results",

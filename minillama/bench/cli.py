@@ -15,43 +15,59 @@ import torch
 from ..config import MODELS
 from .machine import cores
 from .report import table
-from .results import save_results
+from .results import default_path, save_results
 from .runner import DTYPES, run
 from .variants import VARIANTS
+
+
+class _Help(argparse.ArgumentDefaultsHelpFormatter):
+    """Every default in --help; an option whose default is None or a flag says in its own words."""
+
+    def _get_help_string(self, action):
+        quiet = action.default is None or action.default is False
+        return action.help if quiet else super()._get_help_string(action)
 
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m minillama bench",
         description="Prefill and decode throughput of minillama's variants and of Hugging Face generate on the "
-        "same weights, against this machine's measured roofline. Writes a JSON of the results.",
+        "same weights, against this machine's measured roofline. Writes a JSON of the results to "
+        "benchmarks/local/ (git-ignored); --publish adds it to benchmarks/results/, which the book renders.",
+        formatter_class=_Help,
     )
     p.add_argument(
         "--model", default="tiny", help=f"{', '.join(MODELS)} (random weights) or a checkpoint folder"
     )
-    p.add_argument("--batch", default="1", help="batch sizes, comma-separated (default 1), e.g. 1,2,4,8")
-    p.add_argument("--prompt-len", type=int, default=32, help="prompt tokens per sequence (32)")
-    p.add_argument("--new-tokens", type=int, default=64, help="new tokens per sequence (64)")
+    p.add_argument("--batch", default="1", help="batch sizes, comma-separated, e.g. 1,2,4,8")
+    p.add_argument("--prompt-len", type=int, default=32, help="prompt tokens per sequence")
+    p.add_argument("--new-tokens", type=int, default=64, help="new tokens per sequence")
     p.add_argument(
         "--dtype", default=None, choices=tuple(DTYPES), help="default: float32 on a CPU, else bfloat16"
     )
     p.add_argument(
-        "--repeats", type=int, default=5, help="timed repeats of each variant; medians are reported (5)"
+        "--repeats", type=int, default=5, help="timed repeats of each variant; medians are reported"
     )
-    p.add_argument("--variants", default=None, help=f"comma-separated from: {', '.join(VARIANTS)}")
+    p.add_argument("--variants", default=None, help=f"comma-separated from: {', '.join(VARIANTS)} (default: the usual set for the device)")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
     p.add_argument(
         "--threads", type=int, default=None, help="CPU threads (default: the cores this process may use)"
     )
-    p.add_argument("--seed", type=int, default=0, help="seed of the random weights and prompts (0)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random weights and prompts")
     p.add_argument(
-        "--timeout", type=float, default=None, help="seconds allowed for each variant's warm-up/compile"
+        "--timeout", type=float, default=None, help="seconds allowed for each variant's warm-up/compile (default: no limit)"
     )
     p.add_argument("--no-ceilings", action="store_true", help="skip the copy bandwidth and matmul rate")
     p.add_argument(
         "--json",
         default=None,
-        help="where to write the results (default benchmarks/results/<machine>-<date>.json)",
+        help="where to write the results (default: benchmarks/local/<machine>-<date>.json, git-ignored)",
+    )
+    p.add_argument(
+        "--publish",
+        action="store_true",
+        help="write to benchmarks/results/<machine>-<date>.json instead, which chapters 7-8 render (a file "
+        "already there is never replaced: -2, -3, ... is appended)",
     )
     p.add_argument("--no-save", action="store_true", help="print only, write no JSON")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
@@ -59,7 +75,12 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ns = _parser().parse_args(argv)
+    parser = _parser()
+    ns = parser.parse_args(argv)
+    if ns.publish and ns.json:
+        parser.error("pass --json PATH or --publish, not both")
+    if ns.publish and ns.no_save:
+        parser.error("--publish writes the results, --no-save writes none: pass one")
     device = torch.device(ns.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(
@@ -77,6 +98,12 @@ def main(argv: list[str] | None = None) -> int:
         threads = ns.threads or max(1, cores() // mesh.size())  # the ranks share the cores
         ns.quiet, ns.no_save = ns.quiet or not report, ns.no_save or not report
     torch.set_num_threads(threads)
+    where = {}  # the path is chosen once: each batch's partial results and the final ones go to one file
+
+    def save(partial: dict):
+        where.setdefault("path", ns.json or default_path(partial, publish=ns.publish))
+        return save_results(partial, where["path"])
+
     log = None if ns.quiet else (lambda line: print(line, file=sys.stderr, flush=True))
     results = run(
         ns.model,
@@ -91,10 +118,10 @@ def main(argv: list[str] | None = None) -> int:
         timeout=ns.timeout,
         ceilings=not ns.no_ceilings,
         log=log,
-        on_batch=None if ns.no_save else (lambda partial: save_results(partial, ns.json)),
+        on_batch=None if ns.no_save else save,
     )
     if report:
         print(table(results))
     if not ns.no_save:
-        print(f"results: {save_results(results, ns.json)}")
+        print(f"results: {save(results)}")
     return 0

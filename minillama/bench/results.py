@@ -1,5 +1,6 @@
 """Combining and storing results: minillama-over-HF ratios, the headline, merging the parts of one
-run, and the JSON files under `benchmarks/results/` (chapters 7-8).
+run, and the JSON files: `benchmarks/local/` for a local run, `benchmarks/results/` (what chapters 7-8
+render) only when published.
 
 Not here: measuring (`runner.py`) or printing and plotting (`report.py`).
 """
@@ -12,7 +13,8 @@ import os
 import statistics
 from pathlib import Path
 
-RESULTS = Path("benchmarks") / "results"
+RESULTS = Path("benchmarks") / "results"  # committed: what chapters 7-8 render (`--publish` writes here)
+LOCAL = Path("benchmarks") / "local"  # git-ignored: a local run's default, which the book never reads
 
 
 def ratios(results: dict) -> list[dict]:
@@ -98,13 +100,29 @@ def merge_results(parts: list[dict]) -> dict:
     return out
 
 
-def default_path(results: dict) -> Path:
+def default_path(results: dict, publish: bool = False) -> Path:
+    """`benchmarks/local/<machine>-<date>.json`, or with `publish` a new file under `benchmarks/results/`
+    (the book's): `-2`, `-3`, ... is appended rather than replace a result already there."""
     m = results["machine"]
-    return RESULTS / f"{m['slug']}-{m['date']}.json"
+    if not publish:
+        return LOCAL / f"{m['slug']}-{m['date']}.json"
+    return fresh_path(RESULTS / f"{m['slug']}-{m['date']}.json")
 
 
-def save_results(results: dict, path: str | os.PathLike | None = None) -> Path:
-    path = Path(path) if path is not None else default_path(results)
+def fresh_path(path: str | os.PathLike) -> Path:
+    """`path` when no file is there, else the first free `<stem>-2<suffix>`, `-3`, ...: a second run on
+    the same day on the same machine adds a result instead of replacing the committed one."""
+    path = first = Path(path)
+    n = 1
+    while path.exists():
+        n += 1
+        path = first.with_name(f"{first.stem}-{n}{first.suffix}")
+    return path
+
+
+def save_results(results: dict, path: str | os.PathLike | None = None, publish: bool = False) -> Path:
+    """Write `results` as JSON to `path` (default: `default_path(results, publish)`); the path written."""
+    path = Path(path) if path is not None else default_path(results, publish)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(results, indent=1) + "\n")
     return path

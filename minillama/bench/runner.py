@@ -10,6 +10,7 @@ themselves (`variants.py`), combining and storing results (`results.py`), printi
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import os
 import statistics
@@ -29,6 +30,17 @@ from .timing import time_limit, wall
 from .variants import TABLE, default_variants, variant_list
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def _check_transformers(variants: list[str]) -> None:
+    """Before anything is built: the hf variants need transformers; say which to leave out."""
+    peers = [v for v in variants if TABLE[v].impl == "hf"]
+    if peers and importlib.util.find_spec("transformers") is None:
+        ours = [v for v in variants if TABLE[v].impl != "hf"] or ["eager", "static", "compile", "generate"]
+        raise ValueError(
+            f"the Hugging Face variants ({', '.join(peers)}) need transformers, which is not installed: "
+            f"pip install transformers, or measure minillama alone with --variants {','.join(ours)}"
+        )
 
 
 def run(
@@ -62,6 +74,7 @@ def run(
     batches = sorted({int(b) for b in (batches.split(",") if isinstance(batches, str) else batches)})
     variants = variant_list(variants or default_variants(device))
     _check(model, batches, prompt_len, new_tokens, repeats)
+    _check_transformers(variants)
     seq_len = prompt_len + new_tokens
     started = time.perf_counter()
     extra = max(TABLE[v].extra_positions for v in variants)

@@ -44,6 +44,23 @@ def _resolve_dtype(dtype) -> torch.dtype | None:
     return dtype
 
 
+def _check_device(device: torch.device) -> None:
+    """A device this torch cannot use is a clear error, not an assertion deep inside the first copy."""
+    if device.type == "cuda" and not torch.cuda.is_available():
+        build = "a CPU-only build" if torch.version.cuda is None else f"built for CUDA {torch.version.cuda}"
+        raise ValueError(
+            f"device={str(device)!r} but CUDA is not available here (torch {torch.__version__}, {build}, "
+            f"no GPU visible); load with device='cpu', or install a CUDA build of torch on a machine with a GPU"
+        )
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise ValueError(
+            f"device={str(device)!r} but only {torch.cuda.device_count()} CUDA device(s) are visible; "
+            f"use cuda:0..cuda:{torch.cuda.device_count() - 1}"
+        )
+    if device.type == "mps" and not torch.backends.mps.is_available():
+        raise ValueError(f"device={str(device)!r} but MPS is not available here; load with device='cpu'")
+
+
 def _check_tied_head(state: dict, path) -> None:
     """A tied checkpoint may store the head too (Meta's files): it must then equal the embedding."""
     head, embedding = state.get("output.weight"), state["tok_embeddings.weight"]
@@ -78,6 +95,7 @@ def load(
         return load_parallel(path, mesh, device if explicit else None, dtype, max_seq_len)
     dtype = _resolve_dtype(dtype)
     device = torch.device(device)
+    _check_device(device)  # before any file is read or a progress bar drawn
     layout, root = detect_layout(path)
     args = load_args(root)
     if max_seq_len is not None:
