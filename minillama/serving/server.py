@@ -36,7 +36,6 @@ from collections.abc import AsyncIterator
 from .openai_schema import APIError, ChatCompletionRequest, CompletionRequest, parse
 
 MAX_BODY_BYTES = 4 * 2**20  # a full 128k-token prompt as text or as ids fits well within this
-DISCONNECT_POLL = 0.1  # seconds between checks that the client of a non-streamed request is still there
 DRAIN_BYTES = 64 * 2**20  # an oversized body is read (and dropped) up to this, so the client sees its 413
 
 
@@ -466,17 +465,13 @@ class Server:
         """(text, finish_reason or None) as the tokens arrive; aborts the request when the client goes
         away, when a stop string ends the text, or when anything else ends this generator early."""
         finished = False
+        # no stream to write to, so nothing notices a client that has gone: a task listens for it
+        watcher = asyncio.create_task(self._watch(request, stream)) if request is not None else None
         try:
             while True:
-                if request is None:
-                    event = await stream.events.get()
-                else:  # no stream to write to: look for a disconnected client while waiting
-                    try:
-                        event = await asyncio.wait_for(stream.events.get(), timeout=DISCONNECT_POLL)
-                    except TimeoutError:
-                        if await request.is_disconnected():
-                            return
-                        continue
+                event = await stream.events.get()
+                if event[0] == "gone":
+                    return
                 if event[0] == "error":
                     finished = True
                     raise APIError(event[1], event[2], type="server_error")
@@ -497,8 +492,18 @@ class Server:
                     yield rest, "stop" if text.stopped else _finish_reason(reason)
                     return
         finally:
+            if watcher is not None:
+                watcher.cancel()
             if not finished:  # a stop string, a disconnect or a cancelled task: free the blocks now
                 self.loop.abort(stream)
+
+    @staticmethod
+    async def _watch(request, stream: _Stream) -> None:
+        """Wait for the client of a non-streamed request to disconnect (its body has been read, so the
+        next ASGI message is the disconnect), then tell the request's reader."""
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+        stream.events.put_nowait(("gone",))
 
     async def _sse(self, pieces, meta: dict, usage: dict, chat: bool, include_usage: bool):
         def event(choice: dict, **extra) -> str:
