@@ -540,3 +540,16 @@ def test_serve_arguments():
     assert (ns.host, ns.port) == ("127.0.0.1", 8000)
     assert main(["serve"]) == 2
     assert main(["serve", "--model", "tiny", "--port", "70000"]) == 2
+
+
+def test_the_readme_client_snippet_runs(server, capsys):
+    """The README's client snippet, pointed at this server, runs and streams the reply."""
+    readme = (ROOT / "README.md").read_text().split("## Serving: an OpenAI-compatible server", 1)[1]
+    snippet = readme.split("```python\n", 1)[1].split("```", 1)[0]
+    assert len(snippet.strip().splitlines()) == 6
+    snippet = snippet.replace("http://127.0.0.1:8000", server[0]).replace("Llama-3.2-1B-Instruct", NAME)
+    namespace: dict = {}
+    exec(compile(snippet, "README.md", "exec"), namespace)
+    reply = namespace["reply"]
+    assert reply.usage.completion_tokens == 64 and reply.choices[0].finish_reason == "length"
+    assert capsys.readouterr().out.startswith(reply.choices[0].message.content + "\n")
