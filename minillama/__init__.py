@@ -22,6 +22,7 @@ from .cards import card, card_tabs, tensor_card
 from .checkpoint import load, load_args, save
 from .config import MODELS, ModelArgs
 from .decode import decode_one_token, prefill
+from .fetch import fetch
 from .ffn import FeedForward
 from .generate import generate
 from .kv_cache import KVCache

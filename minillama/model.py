@@ -12,10 +12,10 @@ Two ways to call it:
   `[b]` tensor of per-row starts (ragged batches). With a tensor nothing depends on Python-side
   positions, so a compiled decode step never recompiles as positions advance.
 - `model(tokens, paged=view)` (chapter 12, `minillama.serving`): the keys and values live in a pool of
-  fixed-size blocks installed as each attention's cache; `view` says where each row's new tokens go
-  (`slots`), at which positions (`positions` `[b, t]`) and which blocks each row reads (`block_tables`).
-  The model knows nothing of requests or scheduling: it builds the causal mask from the positions, as
-  for the static cache, and the cache object does the writing and the reading.
+  fixed-size blocks installed as each attention's cache; `view` says at which positions the new tokens
+  sit (`positions` `[b, t]`, for the rotation), where their keys and values go (`slots`), which blocks
+  are read (`block_tables`) and which of those keys each query may see (`mask`). The model knows
+  nothing of requests or scheduling; the cache object does the writing and the reading.
 """
 
 import torch
@@ -94,27 +94,30 @@ class Transformer(nn.Module):
     def forward(self, tokens: torch.Tensor, start_pos=None, logits_at=None, paged=None) -> torch.Tensor:
         """tokens `[b, t]` -> float32 logits `[b, t, v]`. `logits_at`: None for every position, an
         int (e.g. -1) or a `[b]` tensor of per-row indices into t for one position per row
-        (`[b, 1, v]`): prefill needs only the next-token logits, and the head is the largest matrix.
-        `paged`: a paged cache view (`minillama.serving.PagedView`) instead of `start_pos`."""
+        (`[b, 1, v]`): prefill needs only the next-token logits, and the head is the largest matrix;
+        a `[b, k]` tensor gives k positions per row (`[b, k, v]`). `paged`: a paged cache view
+        (`minillama.serving.PagedView`) instead of `start_pos`; it brings its own mask."""
         if paged is None:
             self._check(tokens, start_pos)
         b, t = tokens.shape
         steps = torch.arange(t, device=tokens.device)
         end = None
-        if paged is not None:  # each row at its own positions; keys read through its block table
-            positions, cached = paged.positions, paged  # the view travels to each attention's cache
-            keys = torch.arange(paged.num_keys, device=tokens.device)
-        elif start_pos is None:  # full causal forward over the tokens alone
-            positions, cached, keys = steps[None], None, steps
+        if (
+            paged is not None
+        ):  # positions and mask come with the view, which travels to each attention's cache
+            positions, cached, mask = paged.positions, paged, paged.mask
         else:
-            if isinstance(start_pos, int):
-                end = start_pos + t  # eager: read only the rows written so far
-            start = torch.as_tensor(start_pos, device=tokens.device)
-            positions = start.reshape(-1, 1) + steps  # [b or 1, t]
-            cached = positions
-            keys = torch.arange(end or self.cache_shape[1], device=tokens.device)
-        # the causal mask from positions: a query at position i reads keys at positions 0..i
-        mask = keys <= positions[:, :, None]  # [b or 1, t, s]
+            if start_pos is None:  # full causal forward over the tokens alone
+                positions, cached, keys = steps[None], None, steps
+            else:
+                if isinstance(start_pos, int):
+                    end = start_pos + t  # eager: read only the rows written so far
+                start = torch.as_tensor(start_pos, device=tokens.device)
+                positions = start.reshape(-1, 1) + steps  # [b or 1, t]
+                cached = positions
+                keys = torch.arange(end or self.cache_shape[1], device=tokens.device)
+            # the causal mask from positions: a query at position i reads keys at positions 0..i
+            mask = keys <= positions[:, :, None]  # [b or 1, t, s]
         # the query axis is (g t): one row per head of a group; a single position broadcasts over g
         mask = repeat(mask, "b t s -> b 1 (g t) s", g=self.args.n_rep) if t > 1 else mask[:, None]
         cos, sin = self.rope(positions)
@@ -122,8 +125,11 @@ class Transformer(nn.Module):
         for layer in self.layers:
             h = layer(h, cos, sin, mask, cached, end)
         if logits_at is not None:
-            index = torch.as_tensor(logits_at, device=h.device).expand(b) % t
-            h = h[torch.arange(b, device=h.device), index][:, None]
+            index, rows = torch.as_tensor(logits_at, device=h.device), torch.arange(b, device=h.device)
+            if index.ndim < 2:  # one position per row
+                h = h[rows, index.expand(b) % t][:, None]
+            else:  # k positions per row
+                h = h[rows[:, None], index % t]
         return self.output(self.norm(h)).float()
 
     def _check(self, tokens: torch.Tensor, start_pos) -> None:

@@ -163,6 +163,8 @@ class Tokenizer:
                 f"{path} is a directory, not a ranks file; pass the {TOKENIZER_FILE} inside it, or use "
                 f"Tokenizer.default(checkpoint={str(path)!r}) to look inside it"
             )
+        if path.suffix.lower() == ".gguf":
+            raise ValueError(f"{path} is a GGUF file, not a ranks file; use Tokenizer.default({str(path)!r})")
         if not path.is_file():
             raise FileNotFoundError(
                 f"tokenizer file not found: {path}; pass the path of a Llama 3 {TOKENIZER_FILE}, or use "
@@ -203,13 +205,16 @@ class Tokenizer:
     def default(cls, checkpoint: str | os.PathLike | None = None) -> Tokenizer:
         """The tokenizer of a checkpoint, else the one shipped with the llama-models package.
 
-        `checkpoint` may be a ranks file, or a directory holding `tokenizer.model` (Meta's layout) or
+        `checkpoint` may be a GGUF file (its own vocabulary: this class for Llama 3's, else a
+        `GGUFTokenizer` with the same interface, see `tokenizer_gguf.py`), a ranks file, or a directory holding `tokenizer.model` (Meta's layout) or
         `original/tokenizer.model` (Hugging Face's copy of Meta's files). Without one there, every
         Llama 3.x model shares the ranks file shipped in `llama_models/llama3/`.
         """
         looked: list[str] = []
         if checkpoint is not None:
             checkpoint = Path(checkpoint)
+            if checkpoint.is_file() and checkpoint.suffix.lower() == ".gguf":
+                return cls._from_gguf(checkpoint)
             if checkpoint.is_file():
                 return cls(checkpoint)
             for candidate in (checkpoint / TOKENIZER_FILE, checkpoint / "original" / TOKENIZER_FILE):
@@ -233,6 +238,27 @@ class Tokenizer:
             f"Fix: `pip install llama-models` (it ships the file), or pass a path: "
             f"Tokenizer(path) or Tokenizer.default(checkpoint=DIR)"
         )
+
+    @classmethod
+    def _from_gguf(cls, path: Path):
+        """A GGUF file's tokenizer: this class when the file holds the Llama 3 vocabulary (Meta's ranks
+        spelled in GPT-2's byte alphabet, the same special names), else a `GGUFTokenizer` on the file's
+        tokens and merges (`tokenizer_gguf.py`)."""
+        from .tokenizer_gguf import LLAMA3_PRE, GGUFTokenizer, byte_alphabet, gguf_vocabulary, spelled
+
+        _, pre, tokens = gguf_vocabulary(path)
+        if pre in LLAMA3_PRE and len(tokens) == 128_000 + NUM_SPECIAL_TOKENS:
+            try:
+                llama3 = cls.default()
+            except FileNotFoundError:  # no llama-models package: the file's own BPE gives the same ids
+                llama3 = None
+            if llama3 is not None:
+                spelling = byte_alphabet()
+                names = llama3.special_tokens.items()
+                if all(tokens[i] == spelled(llama3.token_bytes(i), spelling) for i in range(llama3.n_base_tokens)) \
+                        and all(tokens[i] == name for name, i in names):
+                    return llama3
+        return GGUFTokenizer(path, llama3_pattern=PAT_STR)
 
     def encode(self, text: str, bos: bool = False, eos: bool = False) -> list[int]:
         """Ids of `text` (special-token text stays plain text), with bos/eos around them if asked."""

@@ -1,8 +1,9 @@
-"""Load Meta and Hugging Face checkpoints of Llama 3.1; save safetensors (chapter 6).
+"""Load Meta, Hugging Face and GGUF checkpoints of Llama 3.1; save safetensors (chapter 6).
 
-Two layouts hold the same weights: Meta's (`params.json` + `consolidated.NN.pth`, one file per
-model-parallel rank, this package's parameter names) and Hugging Face's (`config.json` + safetensors,
-HF names, wq/wk rows permuted for its half-split rotary pairs). `load` detects the layout, translates
+Three layouts hold the same weights: Meta's (`params.json` + `consolidated.NN.pth`, one file per
+model-parallel rank, this package's parameter names), Hugging Face's (`config.json` + safetensors,
+HF names, wq/wk rows permuted for its half-split rotary pairs) and llama.cpp's GGUF (one file: metadata,
+tokenizer and weights, often quantised, wq/wk in Meta's order). `load` detects the layout, translates
 the config, checks every name, shape and dtype before reading a weight, undoes HF's permutation (so one
 attention code path serves both) and merges Meta's shards; `save` writes Hugging Face's layout.
 
@@ -13,7 +14,7 @@ Where things live:
 - `layout.py`: which layout a folder holds, and its files;
 - `names.py`: HF <-> Meta parameter names and the q/k permutation;
 - `configs.py`: `config.json` / `params.json` <-> `ModelArgs`;
-- `check.py`, `read_hf.py`, `read_meta.py`, `load.py`: checking, reading and loading;
+- `check.py`, `read_hf.py`, `read_meta.py`, `read_gguf.py`, `load.py`: checking, reading and loading;
 - `save.py`: writing a Hugging Face checkpoint.
 """
 
@@ -22,6 +23,7 @@ from .configs import args_from_hf_config, args_from_meta_params, hf_config, load
 from .layout import HF_CONFIG, HF_INDEX, HF_WEIGHTS, META_PARAMS, ORIGINAL, detect_layout
 from .load import load
 from .names import hf_permute, hf_to_meta, hf_unpermute, meta_to_hf
+from .read_gguf import args_from_gguf, gguf_to_meta, open_gguf
 from .save import save
 
 __all__ = [
@@ -31,9 +33,11 @@ __all__ = [
     "META_PARAMS",
     "ORIGINAL",
     "SUPPORTED_DTYPES",
+    "args_from_gguf",
     "args_from_hf_config",
     "args_from_meta_params",
     "detect_layout",
+    "gguf_to_meta",
     "hf_config",
     "hf_permute",
     "hf_to_meta",
@@ -41,5 +45,6 @@ __all__ = [
     "load",
     "load_args",
     "meta_to_hf",
+    "open_gguf",
     "save",
 ]

@@ -189,6 +189,10 @@ def hf_config(args: ModelArgs, dtype: torch.dtype = torch.bfloat16, tied: bool |
 def load_args(path: str | os.PathLike) -> ModelArgs:
     """The ModelArgs of a checkpoint, from its config alone (no weights are read)."""
     layout, root = detect_layout(path)
+    if layout == "gguf":
+        from .read_gguf import args_from_gguf, open_gguf
+
+        return args_from_gguf(open_gguf(root), root)
     if layout == "hf":
         return args_from_hf_config(read_json(root / HF_CONFIG), str(root / HF_CONFIG))
     return args_from_meta_params(read_json(root / META_PARAMS), str(root / META_PARAMS))

@@ -4,7 +4,8 @@
   model-parallel rank;
 - Hugging Face's: `config.json` and `model.safetensors`, or shards `model-0000N-of-0000M.safetensors`
   listed in `model.safetensors.index.json`. Hugging Face's model repositories also ship Meta's files
-  under `original/`; those are read when the top level holds no Hugging Face weights.
+  under `original/`; those are read when the top level holds no Hugging Face weights;
+- a GGUF file (llama.cpp, Ollama, LM Studio): one `.gguf` holding config, tokenizer and weights.
 
 Not here: reading the config (`configs.py`) or the weights (`read_hf.py`, `read_meta.py`).
 """
@@ -20,6 +21,7 @@ HF_CONFIG = "config.json"
 HF_WEIGHTS = "model.safetensors"
 HF_INDEX = "model.safetensors.index.json"
 ORIGINAL = "original"  # where Hugging Face repositories keep Meta's files
+GGUF_SUFFIX = ".gguf"  # llama.cpp's single-file format (`read_gguf.py`)
 
 
 def read_json(path: Path) -> dict:
@@ -60,22 +62,28 @@ def hf_files(root: Path) -> list[Path] | None:
 
 
 def detect_layout(path: str | os.PathLike) -> tuple[str, Path]:
-    """("hf" or "meta", the folder holding the files) for a checkpoint folder (or a file in it)."""
+    """("hf" or "meta", the folder holding the files) for a checkpoint folder (or a file in it), or
+    ("gguf", the file) for a `.gguf` file or a folder holding exactly one and no other checkpoint."""
     path = Path(path).expanduser()
     if not path.exists():
         raise FileNotFoundError(f"checkpoint path does not exist: {path}")
+    if path.is_file() and path.suffix.lower() == GGUF_SUFFIX:
+        return "gguf", path
     root = path if path.is_dir() else path.parent
     if (root / HF_CONFIG).is_file() and hf_files(root):
         return "hf", root
     for folder in (root, root / ORIGINAL):
         if (folder / META_PARAMS).is_file() and meta_shards(folder):
             return "meta", folder
+    ggufs = sorted(p for p in root.iterdir() if p.suffix.lower() == GGUF_SUFFIX and p.is_file())
+    if len(ggufs) == 1:
+        return "gguf", ggufs[0]
     hint = ""
     names = {p.name for p in root.iterdir()}
     if any(n.endswith(".bin") for n in names):
         hint = " PyTorch .bin weights are not read (they unpickle code); convert them to safetensors."
     elif any(n.endswith(".gguf") for n in names):
-        hint = " GGUF files (llama.cpp) are not read."
+        hint = f" It holds {len(ggufs)} GGUF files: pass the path of the one to load."
     elif (root / HF_CONFIG).is_file():
         hint = f" {HF_CONFIG} is there but no {HF_WEIGHTS}, {HF_INDEX} or model-*-of-*.safetensors."
     elif (root / META_PARAMS).is_file():

@@ -1,10 +1,10 @@
-"""Loading: a `Transformer` with a checkpoint's weights, in either layout (chapter 6).
+"""Loading: a `Transformer` with a checkpoint's weights, in any of the three layouts (chapter 6).
 
 Loading is memory-lean: the model is built on the `meta` device (no storage), each tensor is read from a
 memory-mapped file straight to the target device and dtype, and `load_state_dict(assign=True)` adopts
 the tensors. `benchmarks/load_memory.py` measures peak RSS against the file size. Every name, shape and
-dtype is checked before any weight is read (`check.py`). Not here: the two layouts' readers
-(`read_hf.py`, `read_meta.py`), saving (`save.py`).
+dtype is checked before any weight is read (`check.py`). Not here: the layouts' readers
+(`read_hf.py`, `read_meta.py`, `read_gguf.py`), saving (`save.py`).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from ..model import Transformer
 from .check import SUPPORTED_DTYPES
 from .configs import load_args
 from .layout import HF_CONFIG, detect_layout, read_json
+from .read_gguf import read_gguf
 from .read_hf import read_hf
 from .read_meta import read_meta
 
@@ -63,7 +64,9 @@ def load(
 ) -> Transformer:
     """A `Transformer` with the weights of the checkpoint at `path` (layout detected, see the module docstring).
 
-    `dtype` None keeps the checkpoint's dtype (bfloat16 for Meta's and Hugging Face's releases).
+    `dtype` None keeps the checkpoint's dtype (bfloat16 for Meta's and Hugging Face's releases; for a
+    GGUF file its 16-bit type when its weights are all F16 or all BF16, else float32: quantised blocks
+    are dequantised).
     `max_seq_len` caps the context (the rotary tables, the largest cache `setup_cache` accepts); None
     keeps the config's (131,072 for Llama 3.1). `mesh`: a 1-D `DeviceMesh` to load tensor-parallel
     (chapter 11), each rank reading only its own slices (`parallel.py`); call it on every rank. On a
@@ -89,7 +92,9 @@ def load(
         quantized_like(model, quantization)
     expected = {name: tuple(t.shape) for name, t in model.state_dict().items()}
     codes = {name: t.dtype for name, t in model.state_dict().items() if not t.is_floating_point()}
-    if layout == "hf":
+    if layout == "gguf":
+        state = read_gguf(root, args, expected, device, dtype, progress, tied)
+    elif layout == "hf":
         state = read_hf(root, args, expected, device, dtype, progress, tied, codes)
     else:
         state = read_meta(root, args, expected, device, dtype, progress, tied)

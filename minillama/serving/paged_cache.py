@@ -9,14 +9,17 @@ bs - 1 unused positions (Kwon et al. 2023, "Efficient Memory Management for Larg
 Serving with PagedAttention", section 4; nano-vllm keeps one such pool for all layers,
 GeeeekExplorer/nano-vllm `nanovllm/engine/model_runner.py` `allocate_kv_cache`).
 
-Reading: a row's blocks are gathered into a contiguous `[b, kv, s, hd]` (s = the longest table in the
-batch times bs) and the model's own `scaled_dot_product_attention` runs on them with the causal mask
-built from positions; table entries past a row's length point at block 0 and are masked. On a GPU a
-paged kernel (vLLM's PagedAttention, FlashInfer, FlexAttention's paged path) reads the blocks in
-place instead of copying them; on a CPU the copy is a small share of a step (chapter 12 measures it).
+Reading: the blocks of a row's table are gathered into a contiguous `[b, kv, s, hd]` (s = the table's
+length times bs) and the model's own `scaled_dot_product_attention` runs on them under the view's
+mask. The engine packs every sequence of a step into one row (b = 1, t = all new tokens of the step,
+the table = all their tables one after the other) and the mask lets a query see only keys of its own
+sequence at positions up to its own: one forward per step, whatever mix of prefill chunks and decode
+tokens it holds (vLLM's flattened batch). On a GPU a paged kernel (vLLM's PagedAttention, FlashInfer,
+FlexAttention's paged path) reads the blocks in place instead of copying them, and reads only a
+query's own blocks; on a CPU the copy is a small share of a step (chapter 12 measures it).
 
 Shapes: pool `[n, bs, kv, hd]`; k, v in `[b, kv, t, hd]`; slots `[b, t]` (-1: a pad, not written);
-block_tables `[b, m]`; out `[b, kv, (m bs), hd]`.
+block_tables `[b, m]`; mask `[b, t, (m bs)]`; out `[b, kv, (m bs), hd]`.
 """
 
 from __future__ import annotations
@@ -30,21 +33,18 @@ from torch import nn
 
 @dataclass(frozen=True)
 class PagedView:
-    """What one forward over a paged cache needs to know, for a batch of b rows of t new tokens.
+    """What one forward over a paged cache needs to know, for b rows of t new tokens.
 
-    positions `[b, t]`: each new token's position in its sequence (a pad's: 0); slots `[b, t]`: the pool
-    slot each new token's key and value go to (-1 for pads); block_tables `[b, m]`: the blocks each row
-    reads, in order (padded with block 0); block_size: positions per block."""
+    positions `[b, t]`: each new token's position in its sequence (rotary angles); slots `[b, t]`: the
+    pool slot its key and value go to (-1 for a pad); block_tables `[b, m]`: the blocks each row reads,
+    in order; block_size: positions per block; mask `[b, t, (m bs)]`: True where a new token may attend
+    to a key read through the table."""
 
     positions: torch.Tensor
     slots: torch.Tensor
     block_tables: torch.Tensor
     block_size: int
-
-    @property
-    def num_keys(self) -> int:
-        """Keys a row's query may look at: the table's width in positions (the mask hides the rest)."""
-        return self.block_tables.shape[1] * self.block_size
+    mask: torch.Tensor
 
 
 class PagedKVCache(nn.Module):

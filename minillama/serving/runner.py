@@ -3,10 +3,14 @@
 The model runs unchanged: the runner installs one `PagedKVCache` per layer as the attention's cache
 for the duration of a step (and puts back whatever cache was there, so `ml.generate` still works on
 the same model between steps), builds a `PagedView` for the rows of the step, and calls
-`model(tokens, paged=view)`. Rows with one new token (decoding sequences) run together as one
-`[b, 1]` forward; each prefill chunk runs as its own `[1, t]` forward. Padding a chunk of 200 tokens
-and 20 decode rows into one `[21, 200]` batch would compute twenty times the work; a varlen kernel (as
-vLLM and nano-vllm use, flash-attn's `flash_attn_varlen_func`) packs them into one row instead.
+`model(tokens, paged=view)`. All the step's work is packed into one row: the new tokens of every
+scheduled sequence one after another (`[1, T]`, T = the step's tokens), the block tables one after
+another, and a mask that lets each token see the keys of its own sequence up to its own position. So
+one forward per step reads the weights once for decode tokens and prefill chunks alike, with no
+padding, and the head runs only at the last token of each sequence. Padding a chunk of 200 tokens and
+20 decode rows into one `[21, 200]` batch would compute twenty times the work; running them as
+separate forwards would read the weights once per group. vLLM and nano-vllm pack the same way and
+call flash-attn's varlen kernel; here the mask does the separating.
 The equivalent nano-vllm room: GeeeekExplorer/nano-vllm `nanovllm/engine/model_runner.py`
 (`prepare_prefill`, `prepare_decode`: slot mappings and block tables from the sequences).
 """
@@ -49,35 +53,35 @@ class ModelRunner:
             for layer, cache in zip(self.model.layers, saved, strict=True):
                 layer.attention.cache = cache
 
-    def view(self, rows: list[tuple[Sequence, int]]) -> tuple[torch.Tensor, PagedView]:
-        """Tokens `[b, t]` and the view for rows of (sequence, new tokens), right-padded to the longest."""
-        bs, t = self.block_size, max(n for _, n in rows)
-        width = max(len(seq.table) for seq, _ in rows)
-        tokens = torch.zeros(len(rows), t, dtype=torch.long)
-        positions = torch.zeros(len(rows), t, dtype=torch.long)
-        slots = torch.full((len(rows), t), -1, dtype=torch.long)
-        tables = torch.zeros(len(rows), width, dtype=torch.long)
-        for r, (seq, n) in enumerate(rows):
+    def view(self, batch: list[tuple[Sequence, int]]) -> tuple[torch.Tensor, PagedView, torch.Tensor]:
+        """The step packed into one row: tokens `[1, T]`, its view, and the index of each sequence's last
+        new token `[1, len(batch)]` (where its logits are read)."""
+        bs = self.block_size
+        tokens, positions, slots, tables, q_seq, k_seq, k_pos = [], [], [], [], [], [], []
+        for r, (seq, n) in enumerate(batch):
             pos = torch.arange(seq.computed, seq.computed + n)
             table = torch.tensor(seq.table)
-            tokens[r, :n] = torch.tensor(seq.tokens[seq.computed : seq.computed + n])
-            positions[r, :n] = pos
-            slots[r, :n] = table[pos // bs] * bs + pos % bs
-            tables[r, : len(table)] = table
+            tokens += seq.tokens[seq.computed : seq.computed + n]
+            positions.append(pos)
+            slots.append(table[pos // bs] * bs + pos % bs)
+            tables.append(table)
+            q_seq.append(torch.full((n,), r))
+            k_seq.append(torch.full((len(table) * bs,), r))
+            k_pos.append(torch.arange(len(table) * bs))
+        positions, q_seq, k_seq, k_pos = (torch.cat(x) for x in (positions, q_seq, k_seq, k_pos))
+        # a token sees the keys of its own sequence at positions up to its own
+        mask = (q_seq[:, None] == k_seq) & (k_pos <= positions[:, None])
+        last = torch.tensor([n for _, n in batch]).cumsum(0) - 1
         to = {"device": self.device}
-        return tokens.to(**to), PagedView(positions.to(**to), slots.to(**to), tables.to(**to), bs)
+        view = PagedView(
+            positions[None].to(**to), torch.cat(slots)[None].to(**to), torch.cat(tables)[None].to(**to), bs,
+            mask[None].to(**to),
+        )  # fmt: skip
+        return torch.tensor([tokens], **to), view, last[None].to(**to)
 
     @torch.inference_mode()
-    def run(self, batch: list[tuple[Sequence, int]]) -> list[torch.Tensor]:
-        """The float32 logits `[v]` after each row's last new token, in the batch's order."""
-        logits: list[torch.Tensor | None] = [None] * len(batch)
-        ones = [i for i, (_, n) in enumerate(batch) if n == 1]
-        groups = ([ones] if ones else []) + [[i] for i, (_, n) in enumerate(batch) if n > 1]
+    def run(self, batch: list[tuple[Sequence, int]]) -> torch.Tensor:
+        """The float32 logits after each sequence's last new token, `[len(batch), v]`, in the batch's order."""
+        tokens, view, last = self.view(batch)
         with self.installed():
-            for group in groups:
-                rows = [batch[i] for i in group]
-                tokens, view = self.view(rows)
-                out = self.model(tokens, logits_at=-1, paged=view)[:, 0]
-                for i, row_logits in zip(group, out, strict=True):
-                    logits[i] = row_logits
-        return logits
+            return self.model(tokens, logits_at=last, paged=view)[0]

@@ -1,0 +1,218 @@
+"""Serving under load: static batching, the engine, prefix sharing and transformers' continuous
+batching on one workload (chapter 12).
+
+A workload is a list of requests arriving over time: exponential gaps between arrivals (a Poisson
+process of `rate` requests per second), prompt and output lengths drawn uniformly from stated ranges,
+all from one seed; optionally every prompt starts with the same system prompt. Each server replays it
+in real time on this machine and records, for every request, when it arrived and when each of its
+tokens came out (`time.perf_counter`, the clock transformers' timestamps use too):
+
+- "static": `ml.generate` on a batch of everything that has arrived (up to `max_batch`) whenever the
+  previous batch is done; a batch is padded to its longest prompt and runs until its longest output.
+  Token times come from a hook on the decode step, so static batching is credited as if it streamed;
+- "engine": `ml.Engine` stepped in a loop, requests added as they arrive (prefix sharing off);
+- "engine+prefix": the same with prefix sharing (on the shared-system-prompt workload it matters);
+- "hf-cb": transformers' continuous batching manager (`init_continuous_batching`, the machinery of
+  `generate_batch`), fed the same requests at the same times from this thread while its own thread generates.
+
+Metrics: output tokens per second over the run (first arrival to last token), time to first token
+and inter-token gaps (p50 / p99, milliseconds), and the KV cache each one holds: bytes allocated
+at the fullest moment vs the bytes of positions actually written.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+import torch
+
+from ..accounting import kv_cache_bytes
+from ..decode import decode_one_token
+from ..generate import generate
+from ..serving import Engine, SamplingParams
+
+
+@dataclass(frozen=True)
+class Request:
+    arrival: float  # seconds after the start
+    prompt: list[int]
+    max_tokens: int
+
+
+@dataclass
+class Served:
+    arrival: float
+    times: list[float] = field(default_factory=list)  # seconds after the start, one per token
+    tokens: list[int] = field(default_factory=list)
+
+
+def poisson_workload(
+    n: int, rate: float, prompt_lens=(16, 128), output_lens=(8, 64), vocab: int = 128_256, seed: int = 0,
+    shared_prefix: int = 0,
+) -> list[Request]:  # fmt: skip
+    """n requests, exponential gaps of mean 1 / rate seconds, lengths uniform in the closed ranges;
+    `shared_prefix` tokens (one draw) start every prompt, counted inside its length range plus the prefix."""
+    g = torch.Generator().manual_seed(seed)
+    gaps = torch.empty(n, dtype=torch.float64).exponential_(rate, generator=g)
+    arrivals = (gaps.cumsum(0) - gaps[0]).tolist()  # the first request arrives at 0
+    prefix = torch.randint(0, vocab, (shared_prefix,), generator=g).tolist()
+    out = []
+    for t in arrivals:
+        p = int(torch.randint(prompt_lens[0], prompt_lens[1] + 1, (1,), generator=g))
+        m = int(torch.randint(output_lens[0], output_lens[1] + 1, (1,), generator=g))
+        out.append(Request(t, prefix + torch.randint(0, vocab, (p,), generator=g).tolist(), m))
+    return out
+
+
+def _wait_until(start: float, t: float) -> None:
+    delay = start + t - time.perf_counter()
+    if delay > 0:
+        time.sleep(delay)
+
+
+def run_static(model, workload: list[Request], max_batch: int = 16) -> tuple[list[Served], dict]:
+    """Static batching with `ml.generate`: each batch waits for the previous one and for its longest output."""
+    served = [Served(r.arrival) for r in workload]
+    pending = deque(range(len(workload)))
+    per_position = kv_cache_bytes(
+        model.args, positions=1, batch=1, bytes_per_value=model.tok_embeddings.weight.element_size()
+    )
+    peak = {"allocated": 0, "used": 0}
+    start = time.perf_counter()
+    while pending:
+        _wait_until(start, workload[pending[0]].arrival)
+        now = time.perf_counter() - start
+        batch = []
+        while pending and workload[pending[0]].arrival <= now and len(batch) < max_batch:
+            batch.append(pending.popleft())
+        stamps = []
+
+        def step(*args, stamps=stamps, **kw):
+            if not stamps:
+                stamps.append(time.perf_counter() - start)  # prefill done: the first tokens exist
+            out = decode_one_token(*args, **kw)
+            stamps.append(time.perf_counter() - start)
+            return out
+
+        longest = max(workload[i].max_tokens for i in batch)
+        prompts = [workload[i].prompt for i in batch]
+        model.clear_cache()  # a cache sized for this batch, as a static server allocates it
+        out = generate(model, prompts, max_new_tokens=longest, decode_step=step)
+        if not stamps:
+            stamps.append(time.perf_counter() - start)
+        positions = max(len(p) for p in prompts) + longest - 1
+        if len(batch) * positions > peak["allocated"]:
+            used = sum(len(workload[i].prompt) + workload[i].max_tokens - 1 for i in batch)
+            peak = {"allocated": len(batch) * positions, "used": used}
+        for i, row in zip(batch, out, strict=True):
+            m = workload[i].max_tokens
+            served[i].tokens, served[i].times = row[:m], stamps[:m]
+    model.clear_cache()
+    return served, {
+        "kv_bytes_allocated": peak["allocated"] * per_position,
+        "kv_bytes_used": peak["used"] * per_position,
+    }
+
+
+def run_engine(model, workload: list[Request], **engine_kw) -> tuple[list[Served], dict]:
+    """`ml.Engine`, requests added at their arrival times, stepped until everything is served."""
+    engine = Engine(model, **engine_kw)
+    served = [Served(r.arrival) for r in workload]
+    ids: dict[int, int] = {}
+    pending = deque(range(len(workload)))
+    per_block = engine.runner.bytes_per_block
+    per_position = per_block // engine.block_size
+    peak = {"allocated": 0, "used": 0}
+    start = time.perf_counter()
+    while pending or engine.has_unfinished():
+        if not engine.has_unfinished():
+            _wait_until(start, workload[pending[0]].arrival)
+        now = time.perf_counter() - start
+        while pending and workload[pending[0]].arrival <= now:
+            i = pending.popleft()
+            ids[engine.add_request(workload[i].prompt, SamplingParams(max_tokens=workload[i].max_tokens))] = i
+        outputs = engine.step()
+        t = time.perf_counter() - start
+        for o in outputs:
+            if o.token is not None:
+                served[ids[o.request_id]].tokens.append(o.token)
+                served[ids[o.request_id]].times.append(t)
+        used_blocks = engine.num_blocks - engine.free_blocks
+        if used_blocks * per_block > peak["allocated"]:
+            # positions written: each running sequence's cached positions (shared blocks counted once)
+            held = {b for s in engine.scheduler.running for b in s.table}
+            written = sum(s.computed for s in engine.scheduler.running)
+            shared = sum(len(s.table) for s in engine.scheduler.running) - len(held)
+            peak = {
+                "allocated": used_blocks * per_block,
+                "used": (written - shared * engine.block_size) * per_position,
+            }
+    assert engine.free_blocks == engine.num_blocks
+    stats = engine.stats()
+    stats.update({"kv_bytes_peak_allocated": peak["allocated"], "kv_bytes_peak_used": peak["used"]})
+    return served, stats
+
+
+def run_hf_cb(hf, workload: list[Request], max_batch: int = 16, max_batch_tokens: int = 256, block_size: int = 16,
+              num_blocks: int = 1024, prefix_sharing: bool = False) -> tuple[list[Served], dict]:  # fmt: skip
+    """transformers' continuous batching manager, fed the requests at their arrival times."""
+    from transformers import GenerationConfig
+    from transformers.generation.configuration_utils import ContinuousBatchingConfig
+
+    config = GenerationConfig(
+        do_sample=False, max_new_tokens=max(r.max_tokens for r in workload), eos_token_id=-1
+    )
+    cb = ContinuousBatchingConfig(
+        page_size=block_size, num_blocks=num_blocks, max_batch_tokens=max_batch_tokens,
+        max_requests_per_batch=max_batch, allow_block_sharing=prefix_sharing, use_cuda_graph=False,
+    )  # fmt: skip
+    manager = hf.init_continuous_batching(generation_config=config, continuous_batching_config=cb)
+    served = [Served(r.arrival) for r in workload]
+    ids = {}
+    manager.start()
+    try:
+        start = time.perf_counter()
+        for i, r in enumerate(workload):
+            _wait_until(start, r.arrival)
+            rid = manager.add_request(
+                r.prompt, request_id=f"r{i}", max_new_tokens=r.max_tokens, record_timestamps=True
+            )
+            ids[rid] = i
+        done = 0
+        while done < len(workload):
+            result = manager.get_result(timeout=60)
+            if result is None:
+                raise RuntimeError("transformers' continuous batching produced no result for 60 s")
+            if not result.is_finished():
+                continue
+            s = served[ids[result.request_id]]
+            s.tokens = list(result.generated_tokens)
+            s.times = [t - start for t in result.timestamps]
+            done += 1
+    finally:
+        manager.stop(block=True, timeout=30)
+    return served, {}
+
+
+def _pct(values: list[float], q: float) -> float:
+    return float(torch.tensor(values, dtype=torch.float64).quantile(q)) if values else float("nan")
+
+
+def summarize(served: list[Served]) -> dict:
+    """Throughput and latencies of one run (milliseconds for latencies)."""
+    first = min(s.arrival for s in served)
+    last = max(s.times[-1] for s in served)
+    tokens = sum(len(s.tokens) for s in served)
+    ttft = [1e3 * (s.times[0] - s.arrival) for s in served]
+    gaps = [1e3 * (b - a) for s in served for a, b in zip(s.times, s.times[1:])]
+    return {
+        "output_tokens": tokens,
+        "seconds": last - first,
+        "tokens_per_s": tokens / (last - first),
+        "ttft_ms_p50": _pct(ttft, 0.5),
+        "ttft_ms_p99": _pct(ttft, 0.99),
+        "itl_ms_p50": _pct(gaps, 0.5),
+        "itl_ms_p99": _pct(gaps, 0.99),
+    }
