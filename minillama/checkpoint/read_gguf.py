@@ -68,20 +68,41 @@ def is_gguf(path: str | os.PathLike) -> bool:
     return Path(path).suffix.lower() == GGUF_SUFFIX and Path(path).is_file()
 
 
+def _gguf_reader_class():
+    from gguf import GGUFReader
+
+    class Reader(GGUFReader):
+        """GGUFReader on a plain ndarray view of its memory map: the header parse slices the map once per
+        token and merge (about 400,000 slices for SmolLM2's vocabulary), and numpy's `memmap` subclass
+        costs Python-level bookkeeping on each; an ndarray view of the same map reads the same pages
+        three times faster here."""
+
+        @property
+        def data(self):
+            return self._data
+
+        @data.setter
+        def data(self, value):
+            self._data = value.view(np.ndarray) if isinstance(value, np.memmap) else value
+
+    return Reader
+
+
 @functools.lru_cache(maxsize=2)
 def _reader(path: str, size: int, mtime_ns: int):
     # parsing the header (a SmolLM2 file: 49,152 tokens and 48,900 merges as typed fields) takes seconds;
     # `ml.load` and `Tokenizer.default` of the same file share one parse. Keyed by size and mtime, so a
     # rewritten file is parsed again.
-    from gguf import GGUFReader
-
     try:
-        return GGUFReader(path, "r")  # memory-mapped: tensor data is read only when touched
+        reader = _gguf_reader_class()(path, "r")  # memory-mapped: tensor data is read only when touched
     except (ValueError, IndexError, KeyError, OSError) as error:
+        said = str(error).splitlines()[0] if str(error) else type(error).__name__
         raise ValueError(
-            f"{path} could not be read as GGUF ({str(error).splitlines()[0] if str(error) else type(error).__name__}): "
-            f"the file is truncated or damaged (or not a GGUF file); download it again"
+            f"{path} could not be read as GGUF ({said}): the file is truncated or damaged (or not a GGUF "
+            f"file); download it again"
         ) from None
+    reader.path = path
+    return reader
 
 
 def open_gguf(path: str | os.PathLike):
@@ -108,7 +129,7 @@ def field(reader, key: str, default=_MISSING):
     f = reader.fields.get(key)
     if f is None:
         if default is _MISSING:
-            raise ValueError(f"{reader.data.filename}: missing GGUF metadata {key!r}; a llama GGUF names it")
+            raise ValueError(f"{reader.path}: missing GGUF metadata {key!r}; a llama GGUF names it")
         return default
     return f.contents()
 
@@ -159,6 +180,12 @@ def _rope_scaling(reader, args: ModelArgs, path: str) -> ModelArgs:
     return scaled
 
 
+def _decimal(value: float) -> float:
+    """A float32 metadata value as the decimal it was written from: 1e-5 is stored as 9.99999975e-06,
+    and the shortest decimal that rounds to the same float32 is 1e-05."""
+    return float(np.format_float_positional(np.float32(value), unique=True))
+
+
 def args_from_gguf(reader, path: str | os.PathLike) -> ModelArgs:
     """ModelArgs from a GGUF's `llama.*` metadata and its tensor table (see the module docstring)."""
     path = str(path)
@@ -195,8 +222,8 @@ def args_from_gguf(reader, path: str | os.PathLike) -> ModelArgs:
         n_heads=n_heads,
         n_kv_heads=int(field(reader, "llama.attention.head_count_kv", n_heads)),
         vocab_size=int(vocab),
-        norm_eps=float(field(reader, "llama.attention.layer_norm_rms_epsilon", 1e-5)),
-        rope_theta=float(field(reader, "llama.rope.freq_base", 10_000.0)),
+        norm_eps=_decimal(field(reader, "llama.attention.layer_norm_rms_epsilon", 1e-5)),
+        rope_theta=_decimal(field(reader, "llama.rope.freq_base", 10_000.0)),
         max_seq_len=int(field(reader, "llama.context_length", 131_072)),
         hidden_dim=int(field(reader, "llama.feed_forward_length")),
         tie_embeddings="output.weight" not in names,
