@@ -249,7 +249,7 @@ class Server:
         self.created = int(time.time())
         self._params = SamplingParams
         self._stop_tokens = tuple(getattr(tokenizer, "stop_tokens", ()))
-        self._vocab = getattr(tokenizer, "n_words", None)
+        self._vocab = getattr(tokenizer, "vocab_size", None)
         self.loop = EngineLoop(engine)
         self.app = Starlette(
             routes=[
