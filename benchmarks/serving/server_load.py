@@ -11,8 +11,8 @@ requests/s and generated tokens/s held, latency (request sent -> `data: [DONE]`)
 token at p50 / p90 / p99, and the engine's largest batch seen on /health. The JSON names the machine
 and the load average around the run: on a shared machine, compare levels within one run, not runs.
 
-    .venv/bin/python benchmarks/serving/load.py                      # -> benchmarks/serving/server-load-cpu.json
-    .venv/bin/python benchmarks/serving/load.py --levels 1,32 --seconds 10 --json /tmp/x.json
+    .venv/bin/python benchmarks/serving/server_load.py                      # -> benchmarks/serving/server-load-cpu.json
+    .venv/bin/python benchmarks/serving/server_load.py --levels 1,32 --seconds 10 --json /tmp/x.json
 """
 
 from __future__ import annotations
@@ -190,7 +190,7 @@ def main(argv=None) -> int:
         server.communicate(timeout=30)
     out = {
         "schema": 1,
-        "what": "python -m minillama serve under N closed-loop streaming clients (benchmarks/serving/load.py)",
+        "what": "python -m minillama serve under N closed-loop streaming clients (benchmarks/serving/server_load.py)",
         "machine": machine_info(ns.device),
         "server": {
             "model": ns.model,
