@@ -340,6 +340,26 @@ def test_a_full_pool_queues_requests_instead_of_failing_them(tok, reference):
             idle(c, (url, srv))
 
 
+def test_an_engine_that_fails_answers_500_then_503_never_hangs(tok):
+    """A step that raises: the request in flight gets a 500 error object, /health turns 503 with the
+    cause, and later requests get 503 at once (the engine's state is not trusted after a failure)."""
+    engine = Engine(random_model(ARGS, seed=0), tok, max_batch=4)
+
+    def broken():
+        raise RuntimeError("a simulated fault in the forward pass")
+
+    engine.step = broken
+    with running(engine, tok) as (url, _), httpx.Client(base_url=url, timeout=TIMEOUT) as c:
+        first = c.post("/v1/completions", json={"prompt": "hi", "max_tokens": 4})
+        assert first.status_code == 500
+        assert "simulated fault" in first.json()["error"]["message"]
+        health = c.get("/health")
+        assert health.status_code == 503 and "simulated fault" in health.json()["error"]
+        body = {"prompt": "hi", "max_tokens": 4, "stream": True}
+        later = c.post("/v1/completions", json=body)
+        assert later.status_code == 503 and later.json()["error"]["type"] == "server_error"
+
+
 def test_stop_strings_cut_the_text_streamed_or_not(server, http, tok, reference):
     prompt = "A list of fruits:"
     ids = tok.encode(prompt, bos=True)
