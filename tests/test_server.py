@@ -441,6 +441,14 @@ BAD = [
     ("temperature < 0", "/v1/completions", {"prompt": "hi", "temperature": -0.5}, 400, ["'temperature'"]),
     ("top_p 0", "/v1/completions", {"prompt": "hi", "top_p": 0}, 400, ["'top_p'"]),
     ("n 2", "/v1/completions", {"prompt": "hi", "n": 2}, 400, ["'n'"]),
+    ("a penalty", "/v1/completions", {"prompt": "hi", "presence_penalty": 0.5}, 400, ["not supported"]),
+    (
+        "logprobs",
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": "x"}], "logprobs": True},
+        400,
+        ["logprobs=True is not supported"],
+    ),  # fmt: skip
     (
         "five stop strings",
         "/v1/completions",
@@ -518,6 +526,24 @@ def cli(tmp_path_factory, reference):
         if child.poll() is None:
             child.kill()
             child.communicate(timeout=30)
+
+
+def test_neutral_openai_parameters_are_accepted(server):
+    """Clients that send OpenAI's defaults for what this server lacks (penalties 0, no logit bias) work;
+    max_completion_tokens is max_tokens' newer name."""
+    client = openai.OpenAI(base_url=server[0] + "/v1", api_key="unused", timeout=TIMEOUT, max_retries=0)
+    reply = client.chat.completions.create(
+        model=NAME,
+        messages=[{"role": "user", "content": "hi"}],
+        max_completion_tokens=5,
+        temperature=0,
+        presence_penalty=0,
+        frequency_penalty=0.0,
+        logit_bias={},
+        logprobs=False,
+        n=1,
+    )
+    assert reply.usage.completion_tokens == 5
 
 
 def test_cli_serves_on_loopback_only_and_stops(cli, reference, tok):
