@@ -11,6 +11,9 @@
 #   Q  batch 1: weight-only quantised copies (chapter 9): int8, int4 g128, each eager and compiled, and
 #      torchao's int8/int4 when torchao is installed, beside bf16 static; written apart from the merged
 #      file (quantised/), so chapters 7-8 read only A-E
+#   S  chapter 12's serving workload (benchmarks/serving.py): seeded Poisson arrivals, static batching with
+#      ml.generate, the engine, the engine with prefix sharing, transformers' continuous batching, wall
+#      clock; written apart too (serving/)
 # Every part measures the ceilings again (a few seconds); the seed makes the weights the same in all.
 # Installs nothing from the internet: it uses whichever python has torch with CUDA, installs this
 # checkout with `pip install -e . --no-deps` (falling back to PYTHONPATH), and takes missing pure-python
@@ -104,13 +107,28 @@ if [ -f "$PARTS/Q.json" ]; then
   cp "$PARTS/Q.json" "$DEST/quantised/$(date -u +%F)-gpu.json"
 fi
 
+if [ -z "${ONLY:-}" ] || [[ ",$ONLY," == *",S,"* ]]; then
+  left=$((BUDGET - SECONDS - 15))
+  limit=$((150 < left ? 150 : left))
+  if [ "$limit" -lt 90 ]; then
+    echo "part S skipped: ${left}s left of the ${BUDGET}s budget"
+  else
+    echo "part S: up to ${limit}s (${SECONDS}s used)"
+    mkdir -p "$DEST/serving"
+    timeout -k 10 "$limit" "$PY" benchmarks/serving.py --models "${MODEL}-shaped" --device "$DEVICE" \
+      --dtype "${DTYPE:-bfloat16}" --wall --threads "$(nproc)" $([ $HF = 1 ] || echo --no-hf) \
+      --out "$DEST/serving/$(date -u +%F)-gpu.json" >"$PARTS/S.out" 2>"$PARTS/S.log" \
+      && tail -n 12 "$PARTS/S.out" || { echo "part S failed; the end of its log:"; tail -n 15 "$PARTS/S.log"; }
+  fi
+fi
+
 "$PY" - "$PARTS" "$DEST" <<'EOF'
 import glob, json, sys
 from minillama import bench
 parts_dir, dest = sys.argv[1:]
 parts = [json.load(open(p)) for p in sorted(glob.glob(f"{parts_dir}/[A-E].json"))]
-if not parts:  # (ONLY=Q: the quantised part is saved on its own, under quantised/)
-    sys.exit(0 if glob.glob(f"{parts_dir}/Q.json") else "no part finished: nothing to merge")
+if not parts:  # (ONLY=Q or S: the quantised and serving parts are saved on their own)
+    sys.exit(0 if glob.glob(f"{parts_dir}/Q.json") or glob.glob(f"{parts_dir}/S.out") else "no part finished: nothing to merge")
 merged = bench.merge_results(parts)
 path = bench.save_results(merged, f"{dest}/{merged['machine']['slug']}-{merged['machine']['date']}.json")
 print(bench.table(merged))

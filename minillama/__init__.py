@@ -7,7 +7,7 @@ p rotary pairs (hd / 2), v vocabulary.
 
 __version__ = "0.1.0"
 
-from . import notebook
+from . import inspect, notebook
 from .accounting import (
     count_parameters,
     decode_step_bytes,

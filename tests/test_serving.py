@@ -72,6 +72,7 @@ def test_paged_cache_writes_slots_and_gathers_tables_in_order():
         block_tables=torch.tensor([[4, 1], [3, 0]]),
         block_size=2,
         mask=torch.ones(2, 3, 4, dtype=torch.bool),
+        pads=True,
     )
     keys, values = cache.update(view, k, -k)
     assert cache.k[:, :, 0, 0].tolist() == [[0, 0], [12, 0], [0, 0], [20, 21], [10, 11], [0, 0]]

@@ -4,8 +4,14 @@ batching on one workload (chapter 12).
 A workload is a list of requests arriving over time: exponential gaps between arrivals (a Poisson
 process of `rate` requests per second), prompt and output lengths drawn uniformly from stated ranges,
 all from one seed; optionally every prompt starts with the same system prompt. Each server replays it
-in real time on this machine and records, for every request, when it arrived and when each of its
-tokens came out (`time.perf_counter`, the clock transformers' timestamps use too):
+on a `Clock` and records, for every request, when it arrived and when each of its tokens came out.
+
+The clock is this process's CPU time (`time.process_time`, all its threads), plus the idle gaps it
+skips: when a server has nothing to do until the next arrival, the clock jumps there instead of
+sleeping. On a machine shared with other work, wall time measures the neighbours as much as the
+server (a step here took anywhere from one to three times its unloaded time within a minute); CPU time
+counts only the work this process did. Run with one thread (`torch.set_num_threads(1)`), so CPU time is
+the time of the one stream of work. On an idle machine or a GPU, `Clock(wall=True)` is wall time.
 
 - "static": `ml.generate` on a batch of everything that has arrived (up to `max_batch`) whenever the
   previous batch is done; a batch is padded to its longest prompt and runs until its longest output.
@@ -13,7 +19,8 @@ tokens came out (`time.perf_counter`, the clock transformers' timestamps use too
 - "engine": `ml.Engine` stepped in a loop, requests added as they arrive (prefix sharing off);
 - "engine+prefix": the same with prefix sharing (on the shared-system-prompt workload it matters);
 - "hf-cb": transformers' continuous batching manager (`init_continuous_batching`, the machinery of
-  `generate_batch`), fed the same requests at the same times from this thread while its own thread generates.
+  `generate_batch`), fed the same requests at the same times from this thread while its own thread
+  generates; its streamed tokens are stamped when this thread receives them (polled every 5 ms).
 
 Metrics: output tokens per second over the run (first arrival to last token), time to first token
 and inter-token gaps (p50 / p99, milliseconds), and the KV cache each one holds: bytes allocated
@@ -57,7 +64,10 @@ def poisson_workload(
     g = torch.Generator().manual_seed(seed)
     gaps = torch.empty(n, dtype=torch.float64).exponential_(rate, generator=g)
     arrivals = (gaps.cumsum(0) - gaps[0]).tolist()  # the first request arrives at 0
-    prefix = torch.randint(0, vocab, (shared_prefix,), generator=g).tolist()
+    # the prefix from its own generator: with and without it, the requests are otherwise the same
+    prefix = torch.randint(
+        0, vocab, (shared_prefix,), generator=torch.Generator().manual_seed(seed + 1)
+    ).tolist()
     out = []
     for t in arrivals:
         p = int(torch.randint(prompt_lens[0], prompt_lens[1] + 1, (1,), generator=g))
@@ -66,13 +76,28 @@ def poisson_workload(
     return out
 
 
-def _wait_until(start: float, t: float) -> None:
-    delay = start + t - time.perf_counter()
-    if delay > 0:
-        time.sleep(delay)
+class Clock:
+    """Seconds since the start: CPU time of this process (or wall time) plus the idle gaps skipped."""
+
+    def __init__(self, wall: bool = False):
+        self.read = time.perf_counter if wall else time.process_time
+        self.wall, self.start, self.skipped = wall, self.read(), 0.0
+
+    def now(self) -> float:
+        return self.read() - self.start + self.skipped
+
+    def skip_to(self, t: float) -> None:
+        """Nothing to do until t: jump there (wall time sleeps)."""
+        if (gap := t - self.now()) > 0:
+            if self.wall:
+                time.sleep(gap)
+            else:
+                self.skipped += gap
 
 
-def run_static(model, workload: list[Request], max_batch: int = 16) -> tuple[list[Served], dict]:
+def run_static(
+    model, workload: list[Request], max_batch: int = 16, wall: bool = False
+) -> tuple[list[Served], dict]:
     """Static batching with `ml.generate`: each batch waits for the previous one and for its longest output."""
     served = [Served(r.arrival) for r in workload]
     pending = deque(range(len(workload)))
@@ -80,10 +105,10 @@ def run_static(model, workload: list[Request], max_batch: int = 16) -> tuple[lis
         model.args, positions=1, batch=1, bytes_per_value=model.tok_embeddings.weight.element_size()
     )
     peak = {"allocated": 0, "used": 0}
-    start = time.perf_counter()
+    clock = Clock(wall)
     while pending:
-        _wait_until(start, workload[pending[0]].arrival)
-        now = time.perf_counter() - start
+        clock.skip_to(workload[pending[0]].arrival)
+        now = clock.now()
         batch = []
         while pending and workload[pending[0]].arrival <= now and len(batch) < max_batch:
             batch.append(pending.popleft())
@@ -91,9 +116,9 @@ def run_static(model, workload: list[Request], max_batch: int = 16) -> tuple[lis
 
         def step(*args, stamps=stamps, **kw):
             if not stamps:
-                stamps.append(time.perf_counter() - start)  # prefill done: the first tokens exist
+                stamps.append(clock.now())  # prefill done: the first tokens exist
             out = decode_one_token(*args, **kw)
-            stamps.append(time.perf_counter() - start)
+            stamps.append(clock.now())
             return out
 
         longest = max(workload[i].max_tokens for i in batch)
@@ -101,7 +126,7 @@ def run_static(model, workload: list[Request], max_batch: int = 16) -> tuple[lis
         model.clear_cache()  # a cache sized for this batch, as a static server allocates it
         out = generate(model, prompts, max_new_tokens=longest, decode_step=step)
         if not stamps:
-            stamps.append(time.perf_counter() - start)
+            stamps.append(clock.now())
         positions = max(len(p) for p in prompts) + longest - 1
         if len(batch) * positions > peak["allocated"]:
             used = sum(len(workload[i].prompt) + workload[i].max_tokens - 1 for i in batch)
@@ -116,7 +141,7 @@ def run_static(model, workload: list[Request], max_batch: int = 16) -> tuple[lis
     }
 
 
-def run_engine(model, workload: list[Request], **engine_kw) -> tuple[list[Served], dict]:
+def run_engine(model, workload: list[Request], wall: bool = False, **engine_kw) -> tuple[list[Served], dict]:
     """`ml.Engine`, requests added at their arrival times, stepped until everything is served."""
     engine = Engine(model, **engine_kw)
     served = [Served(r.arrival) for r in workload]
@@ -125,16 +150,16 @@ def run_engine(model, workload: list[Request], **engine_kw) -> tuple[list[Served
     per_block = engine.runner.bytes_per_block
     per_position = per_block // engine.block_size
     peak = {"allocated": 0, "used": 0}
-    start = time.perf_counter()
+    clock = Clock(wall)
     while pending or engine.has_unfinished():
         if not engine.has_unfinished():
-            _wait_until(start, workload[pending[0]].arrival)
-        now = time.perf_counter() - start
+            clock.skip_to(workload[pending[0]].arrival)
+        now = clock.now()
         while pending and workload[pending[0]].arrival <= now:
             i = pending.popleft()
             ids[engine.add_request(workload[i].prompt, SamplingParams(max_tokens=workload[i].max_tokens))] = i
         outputs = engine.step()
-        t = time.perf_counter() - start
+        t = clock.now()
         for o in outputs:
             if o.token is not None:
                 served[ids[o.request_id]].tokens.append(o.token)
@@ -156,8 +181,8 @@ def run_engine(model, workload: list[Request], **engine_kw) -> tuple[list[Served
 
 
 def run_hf_cb(hf, workload: list[Request], max_batch: int = 16, max_batch_tokens: int = 256, block_size: int = 16,
-              num_blocks: int = 1024, prefix_sharing: bool = False) -> tuple[list[Served], dict]:  # fmt: skip
-    """transformers' continuous batching manager, fed the requests at their arrival times."""
+              num_blocks: int = 1024, prefix_sharing: bool = False, wall: bool = False) -> tuple[list[Served], dict]:  # fmt: skip
+    """transformers' continuous batching manager, fed the requests at their arrival times; tokens streamed."""
     from transformers import GenerationConfig
     from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
@@ -170,27 +195,33 @@ def run_hf_cb(hf, workload: list[Request], max_batch: int = 16, max_batch_tokens
     )  # fmt: skip
     manager = hf.init_continuous_batching(generation_config=config, continuous_batching_config=cb)
     served = [Served(r.arrival) for r in workload]
-    ids = {}
+    ids, pending, finished = {}, deque(range(len(workload))), 0
     manager.start()
     try:
-        start = time.perf_counter()
-        for i, r in enumerate(workload):
-            _wait_until(start, r.arrival)
-            rid = manager.add_request(
-                r.prompt, request_id=f"r{i}", max_new_tokens=r.max_tokens, record_timestamps=True
-            )
-            ids[rid] = i
-        done = 0
-        while done < len(workload):
-            result = manager.get_result(timeout=60)
-            if result is None:
-                raise RuntimeError("transformers' continuous batching produced no result for 60 s")
-            if not result.is_finished():
-                continue
-            s = served[ids[result.request_id]]
-            s.tokens = list(result.generated_tokens)
-            s.times = [t - start for t in result.timestamps]
-            done += 1
+        clock = Clock(wall)
+        while finished < len(workload):
+            if pending and finished == len(
+                ids
+            ):  # all it was given is done: nothing runs until the next arrival
+                clock.skip_to(workload[pending[0]].arrival)
+            while pending and workload[pending[0]].arrival <= clock.now():
+                i = pending.popleft()
+                rid = manager.add_request(
+                    workload[i].prompt,
+                    request_id=f"r{i}",
+                    max_new_tokens=workload[i].max_tokens,
+                    streaming=True,
+                )
+                ids[rid] = i
+            while (result := manager.get_result(timeout=0)) is not None:
+                s, now = served[ids[result.request_id]], clock.now()
+                new = list(result.generated_tokens)
+                s.times += [now] * (len(new) - len(s.tokens))
+                s.tokens = new
+                finished += result.is_finished()
+            if manager.background_thread_status.fatal_error is not None:
+                raise RuntimeError("transformers' continuous batching stopped with an error")
+            time.sleep(0.005)
     finally:
         manager.stop(block=True, timeout=30)
     return served, {}
@@ -216,3 +247,66 @@ def summarize(served: list[Served]) -> dict:
         "itl_ms_p50": _pct(gaps, 0.5),
         "itl_ms_p99": _pct(gaps, 0.99),
     }
+
+
+def compare(model, hf=None, *, n: int = 24, rate: float = 2.0, prompt_lens=(16, 64), output_lens=(8, 64),
+            shared_prefix: int = 64, max_batch: int = 8, block_size: int = 16, max_tokens_per_step: int = 256,
+            seed: int = 0, wall: bool = False, log=print) -> dict:  # fmt: skip
+    """Every server on the same workload, in one run: the mixed workload for static batching, the engine
+    and transformers' continuous batching (`hf`, when given), then the same requests behind a shared
+    system prompt of `shared_prefix` tokens for the engine with and without prefix sharing.
+    Returns summaries, ratios, the greedy-identity counts and the KV memory of each."""
+    vocab = model.args.vocab_size
+    mixed = poisson_workload(n, rate, prompt_lens, output_lens, vocab, seed)
+    shared = poisson_workload(n, rate, prompt_lens, output_lens, vocab, seed, shared_prefix=shared_prefix)
+    longest = max(prompt_lens) + shared_prefix + max(output_lens)
+    num_blocks = max_batch * -(-longest // block_size)  # enough for max_batch of the longest requests
+    kw = {"max_batch": max_batch, "block_size": block_size, "num_blocks": num_blocks,
+          "max_tokens_per_step": max_tokens_per_step}  # fmt: skip
+    runs: dict[str, tuple[list[Served], dict]] = {}
+    plan = [
+        ("static", mixed, lambda w: run_static(model, w, max_batch, wall)),
+        ("engine", mixed, lambda w: run_engine(model, w, wall, prefix_sharing=False, **kw)),
+        (
+            "hf-cb",
+            mixed,
+            lambda w: run_hf_cb(hf, w, max_batch, max_tokens_per_step, block_size, num_blocks, wall=wall),
+        ),
+        ("engine-shared", shared, lambda w: run_engine(model, w, wall, prefix_sharing=False, **kw)),
+        ("engine+prefix-shared", shared, lambda w: run_engine(model, w, wall, prefix_sharing=True, **kw)),
+    ]
+    for name, workload, fn in plan:
+        if name == "hf-cb" and hf is None:
+            continue
+        runs[name] = fn(workload)
+        log(f"{name}: {summarize(runs[name][0])}")
+    out = {"variants": {}, "identical": {}}
+    for name, (served, extra) in runs.items():
+        out["variants"][name] = {**summarize(served), **extra}
+    reference = [s.tokens for s in runs["static"][0]]
+    for name in ("engine", "hf-cb"):
+        if name in runs:
+            out["identical"][name] = sum(s.tokens == r for s, r in zip(runs[name][0], reference, strict=True))
+    out["identical"]["engine+prefix-shared"] = sum(
+        a.tokens == b.tokens
+        for a, b in zip(runs["engine+prefix-shared"][0], runs["engine-shared"][0], strict=True)
+    )
+    v = out["variants"]
+    out["ratios"] = {
+        "engine_over_static": v["engine"]["tokens_per_s"] / v["static"]["tokens_per_s"],
+        "prefix_over_engine_shared": v["engine+prefix-shared"]["tokens_per_s"]
+        / v["engine-shared"]["tokens_per_s"],
+        "prefill_saved_fraction": v["engine+prefix-shared"]["prefill_tokens_saved"]
+        / sum(len(r.prompt) for r in shared),
+        "shared_fraction": (shared_prefix // block_size * block_size)
+        / (sum(len(r.prompt) for r in shared) / n),
+    }
+    if "hf-cb" in v:
+        out["ratios"]["engine_over_hf_cb"] = v["engine"]["tokens_per_s"] / v["hf-cb"]["tokens_per_s"]
+    out["workload"] = {"n": n, "rate_per_s": rate, "prompt_lens": list(prompt_lens), "output_lens": list(output_lens),
+                       "shared_prefix": shared_prefix, "seed": seed, "max_batch": max_batch, "block_size": block_size,
+                       "num_blocks": num_blocks, "max_tokens_per_step": max_tokens_per_step,
+                       "clock": "wall" if wall else "process CPU time"}  # fmt: skip
+    out["arrivals"] = [r.arrival for r in mixed]
+    out["requests"] = [[len(r.prompt), r.max_tokens] for r in mixed]
+    return out

@@ -12,9 +12,10 @@ Only full blocks are shared, and a full block is never written again: a sequence
 its own length, into its last, partial block, which is never shared. So no copy-on-write is needed.
 A freed block keeps its hash until the block is handed out again, so a prefix stays reusable after the
 request that computed it finished (the oldest freed block is reused first).
-Follows the shape of GeeeekExplorer/nano-vllm `nanovllm/engine/block_manager.py` (`Block`,
-`BlockManager.allocate` / `deallocate` / `may_append`) and SGLang's RadixAttention idea (Zheng et al.
-2024), with blocks instead of a radix tree.
+Follows the shape of GeeeekExplorer/nano-vllm @ bb823b3 `nanovllm/engine/block_manager.py` (the
+chained `compute_hash` 35–41, a reused block forgetting its key in `_allocate_block` 43–51, the prefix
+walk of `can_allocate` 58–74), written here without a Block class; SGLang's RadixAttention (Zheng et al.
+2024) keeps the same information in a radix tree of tokens.
 """
 
 from __future__ import annotations

@@ -12,9 +12,10 @@ generator). A request ends at a stop token (not returned: the output says token=
 finish_reason="stop") or after `max_tokens` tokens ("length"), and its blocks are free for the next
 step. Under greedy decoding every request gets exactly the tokens `ml.generate` gives it alone,
 whatever else shares its steps; the tests check it under staggered arrivals, chunking, preemption
-and shared prefixes. The five rooms follow GeeeekExplorer/nano-vllm `nanovllm/engine/` (`sequence`,
-`block_manager`, `scheduler`, `model_runner`, `llm_engine`); nano-vllm adds CUDA graphs per batch
-size, flash-attn varlen kernels, tensor parallelism, and does not mix prefill and decode in one step.
+and shared prefixes. The rooms follow GeeeekExplorer/nano-vllm @ bb823b3 `nanovllm/engine/` (`sequence`,
+`block_manager`, `scheduler`, `model_runner`, and `llm_engine.py` 43–55 for `add_request` / `step`);
+nano-vllm adds CUDA graphs per batch size, flash-attn kernels that read the blocks in place, tensor
+parallelism, and does not mix prefill and decode in one step.
 
 Not thread-safe: one thread owns the engine (a server runs `step()` in a loop on its own thread).
 """
@@ -44,7 +45,8 @@ class Engine:
     at most `max_batch` sequences run at once and a step feeds at most `max_tokens_per_step` tokens
     (prefill chunks and decode tokens together); `prefix_sharing` reuses cached full blocks of equal
     prompt prefixes. `tokenizer` (optional) lets `add_request` take text and supplies the default stop
-    tokens. `engine.trace`, when set to a list, receives one record per step (what ran, for figures)."""
+    tokens. `engine.trace`, when set to a list, receives one record per step: `rows` (request id, first
+    position fed, tokens fed) for each sequence that ran, `blocks_used`, and the step's wall and CPU seconds."""
 
     def __init__(
         self,
@@ -171,41 +173,44 @@ class Engine:
         batch = self.scheduler.schedule()
         if not batch:
             return outputs
-        begin = time.perf_counter()
+        begin, begin_cpu = time.perf_counter(), time.process_time()
         # (request, first position fed, tokens fed) for the trace, before the positions advance
         rows = [(seq.request_id, seq.computed, n) for seq, n in batch]
         logits = self.runner.run(batch)
         self.steps += 1
         self.computed_tokens += sum(n for _, n in batch)
         ready = []
-        for (seq, n), row in zip(batch, logits, strict=True):
+        for i, (seq, n) in enumerate(batch):
             seq.computed += n
             if self.prefix_sharing:
                 seq.sealed = self.blocks.seal(seq.table, seq.tokens, seq.computed, seq.sealed)
             if seq.computed == len(seq):
-                ready.append((seq, row))
-        for seq, token in zip((s for s, _ in ready), self._sample(ready), strict=True):
+                ready.append((seq, i))
+        for seq, token in zip((s for s, _ in ready), self._sample(ready, logits), strict=True):
             outputs.append(self._append(seq, token))
         if self.trace is not None:
-            self.trace.append({"step": self.steps, "seconds": time.perf_counter() - begin, "rows": rows,
-                               "blocks_used": self.num_blocks - self.blocks.num_free})  # fmt: skip
+            self.trace.append({"step": self.steps, "rows": rows, "blocks_used": self.num_blocks - self.blocks.num_free,
+                               "seconds": time.perf_counter() - begin,  # wall time
+                               "cpu_seconds": time.process_time() - begin_cpu})  # fmt: skip
         return outputs
 
-    def _sample(self, ready: list[tuple[Sequence, torch.Tensor]]) -> list[int]:
+    def _sample(self, ready: list[tuple[Sequence, int]], logits: torch.Tensor) -> list[int]:
+        """The next token of each ready sequence from its row of `logits` `[len(batch), v]`."""
         if not ready:
             return []
         greedy = [i for i, (seq, _) in enumerate(ready) if seq.params.temperature == 0]
         tokens = [0] * len(ready)
-        if greedy:  # one argmax over every greedy row
-            best = argmax(torch.stack([ready[i][1] for i in greedy])).tolist()
-            for i, t in zip(greedy, best, strict=True):
+        if greedy:  # one argmax over every greedy row (no copy when that is every row of the step)
+            rows = [ready[i][1] for i in greedy]
+            picked = logits if rows == list(range(len(logits))) else logits[rows]
+            for i, t in zip(greedy, argmax(picked).tolist(), strict=True):
                 tokens[i] = t
         for i, (seq, row) in enumerate(ready):
             p = seq.params
             if (
                 p.temperature > 0
             ):  # each request draws from its own generator: its tokens do not depend on the batch
-                tokens[i] = int(sample(row[None], p.temperature, p.top_k, p.top_p, seq.generator)[0])
+                tokens[i] = int(sample(logits[row][None], p.temperature, p.top_k, p.top_p, seq.generator)[0])
         return tokens
 
     def _append(self, seq: Sequence, token: int) -> StepOutput:

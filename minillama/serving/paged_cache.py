@@ -6,8 +6,9 @@ each. A sequence owns a list of block ids, its block table; its position p lives
 `table[p // bs]` at offset `p % bs`, which flattens to the slot `table[p // bs] · bs + p % bs` of the
 pool seen as `[(n bs), kv, hd]`. Blocks are handed out as a sequence grows, so a sequence holds at most
 bs - 1 unused positions (Kwon et al. 2023, "Efficient Memory Management for Large Language Model
-Serving with PagedAttention", section 4; nano-vllm keeps one such pool for all layers,
-GeeeekExplorer/nano-vllm `nanovllm/engine/model_runner.py` `allocate_kv_cache`).
+Serving with PagedAttention", section 4; nano-vllm keeps one such pool for all layers and sizes it
+by the memory left after the weights, GeeeekExplorer/nano-vllm @ bb823b3 `nanovllm/engine/model_runner.py`
+103–121, `allocate_kv_cache`).
 
 Reading: the blocks of a row's table are gathered into a contiguous `[b, kv, s, hd]` (s = the table's
 length times bs) and the model's own `scaled_dot_product_attention` runs on them under the view's
@@ -18,7 +19,7 @@ tokens it holds (vLLM's flattened batch). On a GPU a paged kernel (vLLM's PagedA
 FlexAttention's paged path) reads the blocks in place instead of copying them, and reads only a
 query's own blocks; on a CPU the copy is a small share of a step (chapter 12 measures it).
 
-Shapes: pool `[n, bs, kv, hd]`; k, v in `[b, kv, t, hd]`; slots `[b, t]` (-1: a pad, not written);
+Shapes: pool `[n, bs, kv, hd]`; k, v in `[b, kv, t, hd]`; slots `[b, t]` (-1: a pad, not written, with pads=True);
 block_tables `[b, m]`; mask `[b, t, (m bs)]`; out `[b, kv, (m bs), hd]`.
 """
 
@@ -45,6 +46,7 @@ class PagedView:
     block_tables: torch.Tensor
     block_size: int
     mask: torch.Tensor
+    pads: bool = False  # whether any slot is -1 (the engine packs its steps without pads)
 
 
 class PagedKVCache(nn.Module):
@@ -69,10 +71,16 @@ class PagedKVCache(nn.Module):
         """Write the new keys and values `[b, kv, t, hd]` to their slots; return each row's keys and
         values gathered through its block table, `[b, kv, s, hd]` (the mask hides what the row has not written)."""
         slots = view.slots.reshape(-1)
-        real = slots >= 0
+        if view.pads:  # padded rows: only the real tokens are written
+            real = slots >= 0
+            slots, k, v = slots[real], k.transpose(1, 2)[view.slots >= 0], v.transpose(1, 2)[view.slots >= 0]
+        else:
+            k, v = rearrange(k, "b kv t hd -> (b t) kv hd"), rearrange(v, "b kv t hd -> (b t) kv hd")
+        b, m = view.block_tables.shape
+        out = []
         for pool, new in ((self.k, k), (self.v, v)):
-            new = rearrange(new, "b kv t hd -> (b t) kv hd")
-            pool.view(-1, *pool.shape[2:]).index_copy_(0, slots[real], new[real])
-        return tuple(
-            rearrange(pool[view.block_tables], "b m bs kv hd -> b kv (m bs) hd") for pool in (self.k, self.v)
-        )
+            pool.view(-1, *pool.shape[2:]).index_copy_(0, slots, new)
+            # one copy: the table's blocks in order, then a view with the heads first
+            blocks = pool.index_select(0, view.block_tables.reshape(-1))  # [(b m), bs, kv, hd]
+            out.append(blocks.view(b, m * pool.shape[1], *pool.shape[2:]).transpose(1, 2))
+        return tuple(out)

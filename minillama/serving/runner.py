@@ -11,8 +11,9 @@ padding, and the head runs only at the last token of each sequence. Padding a ch
 20 decode rows into one `[21, 200]` batch would compute twenty times the work; running them as
 separate forwards would read the weights once per group. vLLM and nano-vllm pack the same way and
 call flash-attn's varlen kernel; here the mask does the separating.
-The equivalent nano-vllm room: GeeeekExplorer/nano-vllm `nanovllm/engine/model_runner.py`
-(`prepare_prefill`, `prepare_decode`: slot mappings and block tables from the sequences).
+The equivalent nano-vllm room: GeeeekExplorer/nano-vllm @ bb823b3 `nanovllm/engine/model_runner.py`
+(`prepare_prefill` 129–170, `prepare_decode` 172–188: positions, slot mappings and block tables from
+the sequences).
 """
 
 from __future__ import annotations
@@ -59,25 +60,23 @@ class ModelRunner:
         bs = self.block_size
         tokens, positions, slots, tables, q_seq, k_seq, k_pos = [], [], [], [], [], [], []
         for r, (seq, n) in enumerate(batch):
-            pos = torch.arange(seq.computed, seq.computed + n)
-            table = torch.tensor(seq.table)
+            pos = range(seq.computed, seq.computed + n)
             tokens += seq.tokens[seq.computed : seq.computed + n]
-            positions.append(pos)
-            slots.append(table[pos // bs] * bs + pos % bs)
-            tables.append(table)
-            q_seq.append(torch.full((n,), r))
-            k_seq.append(torch.full((len(table) * bs,), r))
-            k_pos.append(torch.arange(len(table) * bs))
-        positions, q_seq, k_seq, k_pos = (torch.cat(x) for x in (positions, q_seq, k_seq, k_pos))
+            positions += pos
+            slots += [seq.table[p // bs] * bs + p % bs for p in pos]
+            tables += seq.table
+            q_seq += [r] * n
+            k_seq += [r] * (len(seq.table) * bs)
+            k_pos += range(len(seq.table) * bs)
+        to = {"device": self.device}
+        positions, q_seq, k_seq, k_pos = (torch.tensor(x, **to) for x in (positions, q_seq, k_seq, k_pos))
         # a token sees the keys of its own sequence at positions up to its own
         mask = (q_seq[:, None] == k_seq) & (k_pos <= positions[:, None])
-        last = torch.tensor([n for _, n in batch]).cumsum(0) - 1
-        to = {"device": self.device}
+        last = torch.tensor([n for _, n in batch], **to).cumsum(0) - 1
         view = PagedView(
-            positions[None].to(**to), torch.cat(slots)[None].to(**to), torch.cat(tables)[None].to(**to), bs,
-            mask[None].to(**to),
-        )  # fmt: skip
-        return torch.tensor([tokens], **to), view, last[None].to(**to)
+            positions[None], torch.tensor([slots], **to), torch.tensor([tables], **to), bs, mask[None]
+        )
+        return torch.tensor([tokens], **to), view, last[None]
 
     @torch.inference_mode()
     def run(self, batch: list[tuple[Sequence, int]]) -> torch.Tensor:

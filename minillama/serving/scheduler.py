@@ -14,8 +14,10 @@ every step (Yu et al. 2022, "Orca", iteration-level scheduling). Each step has a
 A sequence whose next tokens need a block when none is free preempts the youngest running sequence:
 the victim gives all its blocks back and waits at the head of the queue, to be recomputed from its
 prompt and the tokens it already produced (vLLM's "recompute" preemption; nano-vllm's
-`Scheduler.preempt`, GeeeekExplorer/nano-vllm `nanovllm/engine/scheduler.py`). Nothing ever fails for
-lack of memory; it only waits.
+`Scheduler.preempt`, GeeeekExplorer/nano-vllm @ bb823b3 `nanovllm/engine/scheduler.py` 75–79). Nothing
+ever fails for lack of memory; it only waits. nano-vllm's `schedule` (25–73) runs a step of prefills or a
+step of decodes, never both, and chunks only the first waiting prompt; here decode tokens and prefill
+chunks share every step, as in Sarathi-Serve and vLLM's current scheduler.
 """
 
 from __future__ import annotations

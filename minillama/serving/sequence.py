@@ -5,7 +5,7 @@ keys and values sit in the cache; the positions `computed ..` are what the next 
 A prompt being prefilled has many such positions, a decoding sequence one (its last token), and a
 sequence preempted and put back to wait has all of them again: the engine treats the three alike, in
 chunks of uncomputed tokens, and samples a new token whenever a chunk reaches the end of the sequence.
-Compare GeeeekExplorer/nano-vllm `nanovllm/engine/sequence.py` (`num_cached_tokens`, `block_table`).
+Compare GeeeekExplorer/nano-vllm @ bb823b3 `nanovllm/engine/sequence.py` (`num_cached_tokens`, `block_table`).
 """
 
 from __future__ import annotations
