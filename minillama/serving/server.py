@@ -374,9 +374,9 @@ class Server:
         if prompt_len + max_tokens > limit:
             raise APIError(
                 400,
-                f"this model's maximum context length is {limit} tokens; the prompt's {prompt_len} tokens "
-                f"+ max_tokens {max_tokens} = {prompt_len + max_tokens}; lower max_tokens to at most "
-                f"{limit - prompt_len} or shorten the prompt",
+                f"this model's maximum context length is {limit} tokens; a prompt of {prompt_len} "
+                f"token{'s' if prompt_len != 1 else ''} + max_tokens {max_tokens} needs {prompt_len + max_tokens}; "
+                f"lower max_tokens to at most {limit - prompt_len} or shorten the prompt",
                 param="max_tokens",
                 code="context_length_exceeded",
             )
