@@ -593,7 +593,7 @@ def test_the_readme_client_snippet_runs(server, capsys):
     readme = (ROOT / "README.md").read_text().split("## Serving: an OpenAI-compatible server", 1)[1]
     snippet = readme.split("```python\n", 1)[1].split("```", 1)[0]
     assert len(snippet.strip().splitlines()) == 6
-    snippet = snippet.replace("http://127.0.0.1:8000", server[0]).replace("Llama-3.2-1B-Instruct", NAME)
+    snippet = snippet.replace("http://127.0.0.1:8000", server[0]).replace("smollm2-135m", NAME)
     namespace: dict = {}
     exec(compile(snippet, "README.md", "exec"), namespace)
     reply = namespace["reply"]
