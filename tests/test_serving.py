@@ -295,3 +295,22 @@ def test_logits_at_several_positions_per_row(model):
     assert torch.allclose(some[0], full[0, [1, 6]], atol=1e-5) and torch.allclose(
         some[1], full[1, [0, 3]], atol=1e-5
     )
+
+
+def test_serving_bench_replays_one_workload_on_static_and_engine(model):
+    from minillama.bench import serving as sb
+
+    work = sb.poisson_workload(5, rate=50.0, prompt_lens=(4, 12), output_lens=(2, 6), vocab=300, seed=3)
+    again = sb.poisson_workload(5, rate=50.0, prompt_lens=(4, 12), output_lens=(2, 6), vocab=300, seed=3)
+    assert work == again and work[0].arrival == 0 and all(4 <= len(r.prompt) <= 12 for r in work)
+    shared = sb.poisson_workload(5, 50.0, (4, 12), (2, 6), vocab=300, seed=3, shared_prefix=7)
+    assert [r.prompt[7:] for r in shared] == [r.prompt for r in work]  # the same requests behind a prefix
+    static, memory = sb.run_static(model, work, max_batch=2)
+    served, stats = sb.run_engine(model, work, max_batch=2, block_size=4, num_blocks=16)
+    assert [s.tokens for s in served] == [s.tokens for s in static]
+    assert [len(s.tokens) for s in served] == [r.max_tokens for r in work]
+    assert 0 < memory["kv_bytes_used"] <= memory["kv_bytes_allocated"]
+    assert 0 < stats["kv_bytes_peak_used"] <= stats["kv_bytes_peak_allocated"]
+    summary = sb.summarize(served)
+    assert summary["output_tokens"] == sum(r.max_tokens for r in work) and summary["tokens_per_s"] > 0
+    assert all(s.times[0] >= s.arrival and s.times == sorted(s.times) for s in served)
