@@ -105,9 +105,11 @@ def _pip_download(item: Shipped, into: Path) -> Path:
         said = next(
             (line for line in reversed(lines) if line.startswith("ERROR")), lines[-1] if lines else ""
         )
+        where = next((line.lower() for line in lines if line.startswith("Looking in indexes")), "")
         raise RuntimeError(
-            f"could not download {item.requirement} with pip (is a package registry reachable? pip's index, "
-            f"proxy and mirror settings apply): {said or f'exit status {done.returncode}'}"
+            f"could not download {item.requirement} with pip ({where + '; ' if where else ''}is a package "
+            f"registry reachable? pip's index, proxy and mirror settings apply): "
+            f"{said or f'exit status {done.returncode}'}"
         )
     return wheels[0]
 

@@ -9,6 +9,7 @@ hooks, so they see exactly the model's path (its dtype, its rotary tables, its m
                                                   # model.norm and model.output, gives the logits
     probs = attention_probs(model, tokens, layer)  # [h, t, s]: softmax(q·k / sqrt(hd) + causal mask)
                                                   # of every query head, rows sum to 1
+    scores = attention_scores(model, tokens, layer)  # [h, t, s]: q·k / sqrt(hd), -inf where masked
 
 `tokens` is one sequence: `[t]` or `[1, t]` integer ids. Both are full causal forwards without a cache
 (a cache set up on the model is left untouched).
@@ -64,9 +65,17 @@ def residual_stream(model: nn.Module, tokens) -> torch.Tensor:
 @torch.no_grad()
 def attention_probs(model: nn.Module, tokens, layer: int) -> torch.Tensor:
     """Attention probabilities of block `layer` on one sequence: `[h, t, s]` float32 (s = t keys), for
-    every query head in Meta's order (head i reads KV head i // g). They are softmax(q·k / sqrt(hd))
-    over the keys a query may read (the causal mask), from the queries and keys the block's own wq and
-    wk compute, rotated by the model's own rotary tables; the forward stops after that block's wk."""
+    every query head in Meta's order (head i reads KV head i // g): the softmax over the keys of
+    `attention_scores`, so a query's row sums to 1 and a key it may not read gets 0."""
+    return attention_scores(model, tokens, layer).softmax(dim=-1)
+
+
+@torch.no_grad()
+def attention_scores(model: nn.Module, tokens, layer: int) -> torch.Tensor:
+    """Attention scores of block `layer` on one sequence before the softmax: `[h, t, s]` float32,
+    q·k / sqrt(hd) where the causal mask lets a query read a key and -inf elsewhere, from the queries
+    and keys the block's own wq and wk compute, rotated by the model's own rotary tables; the forward
+    stops after that block's wk."""
     n_layers = len(model.layers)
     if not -n_layers <= layer < n_layers:
         raise ValueError(
@@ -107,5 +116,4 @@ def attention_probs(model: nn.Module, tokens, layer: int) -> torch.Tensor:
     q = rearrange(q, "b t (kv g) hd -> b kv (g t) hd", g=g)
     scores = einsum(q.float(), k.float(), "b kv gt hd, b s kv hd -> b kv gt s") / math.sqrt(hd)
     scores = scores.masked_fill(~seen["mask"], float("-inf"))
-    probs = scores.softmax(dim=-1)
-    return rearrange(probs, "1 kv (g t) s -> (kv g) t s", g=g)
+    return rearrange(scores, "1 kv (g t) s -> (kv g) t s", g=g)

@@ -221,6 +221,11 @@ class Tokenizer:
                 if candidate.is_file():
                     return cls(candidate)
                 looked.append(str(candidate))
+            # a folder holding one GGUF file and no other checkpoint: `load` reads that file, so its vocabulary
+            ggufs = sorted(checkpoint.glob("*.gguf")) if checkpoint.is_dir() else []
+            others = [n for n in ("config.json", "params.json") if (checkpoint / n).is_file()]
+            if len(ggufs) == 1 and not others:
+                return cls._from_gguf(ggufs[0])
         try:
             spec = importlib.util.find_spec(LLAMA_MODELS_PACKAGE)  # locates the package, runs none of it
         except (ImportError, ValueError):

@@ -1,4 +1,5 @@
 """Tensor parallelism (minillama.distributed, minillama.checkpoint.parallel) against the single process.
+Checkpoints load per rank from Meta's shards, Hugging Face's safetensors and a GGUF file.
 
 Two CPU ranks on gloo, bound to 127.0.0.1 and spawned by the test (`distributed.spawn`). Every rank
 runs the same calls, so every collective is joined by both; the process group and `spawn` carry
@@ -226,6 +227,12 @@ def ranks(tmp_path_factory):
         folders[f"meta{shards}"] = tmp_path / f"meta{shards}"
         _write_meta(model, folders[f"meta{shards}"], shards)
     folders["hf"] = ml.save(model, tmp_path / "hf")
+    # a GGUF file (float32 tensors, Llama 3.1's rope_freqs), written by the `gguf` package's writer
+    from test_gguf import Q, encoded, llama31_divisors, write_gguf
+
+    folders["gguf"] = write_gguf(
+        tmp_path / "model.gguf", META_ARGS, encoded(model, Q.F32, tied=False), rope_freqs=llama31_divisors(META_ARGS)
+    )
     return spawn(_both, WORLD, CONFIGS, folders, SEED, timeout=TIMEOUT)
 
 
@@ -262,3 +269,4 @@ def test_sharded_checkpoints_load_per_rank(ranks):
         ]
         assert got["meta1"]["files"] == ["consolidated.00.pth"]
         assert got["hf"]["files"] == ["model.safetensors"]
+        assert got["gguf"]["files"] == ["model.gguf"]

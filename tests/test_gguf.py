@@ -127,6 +127,37 @@ def test_smollm2_chat_answer_matches_transformers(smol, hf):
     assert tok.stop_tokens == (hf_tok.convert_tokens_to_ids("<|im_end|>"),) and len(ours) < 32
 
 
+def test_smollm2_dialogs_render_as_transformers_renders_them(smol, hf):
+    _, tok = smol
+    hf_tok = hf[1]
+    dialog = [
+        {"role": "system", "content": "You answer in one word."},
+        {"role": "user", "content": "Capital of Italy?"},
+        {"role": "assistant", "content": "Rome."},
+        {"role": "user", "content": "And of Spain? 🇪🇸"},
+    ]
+    for messages, prompt in ((dialog, True), (dialog, False), (CHAT, False)):
+        theirs = hf_tok.apply_chat_template(messages, add_generation_prompt=prompt, tokenize=False)
+        assert tok.render_dialog(messages, add_generation_prompt=prompt) == theirs
+        assert tok.encode_dialog(messages, add_generation_prompt=prompt) == hf_tok.encode(
+            theirs, add_special_tokens=False
+        )
+    # the file's vocabulary adds no beginning-of-text id (tokenizer.ggml.add_bos_token is false), as in HF
+    assert tok.encode("Hi", bos=True) == tok.encode("Hi") == hf_tok.encode("Hi")
+    with pytest.raises(TypeError, match="list of messages"):
+        tok.encode_dialog({"role": "user", "content": "hi"})
+
+
+def test_a_folder_holding_one_gguf_is_that_checkpoint(smol_path, smol, tmp_path):
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "smol.gguf").symlink_to(smol_path)
+    assert ml.load_args(tmp_path / "model") == smol[0].args.replace(name="smol")
+    assert ml.Tokenizer.default(tmp_path / "model").encode("Hello, world") == smol[1].encode("Hello, world")
+    (tmp_path / "model" / "other.gguf").symlink_to(smol_path)
+    with pytest.raises(ValueError, match="2 GGUF files: pass the path of the one to load"):
+        ml.load_args(tmp_path / "model")
+
+
 TEXTS = [
     "Hello",
     "Hello, world! It's a café in Zürich; naïve coöperation.",

@@ -354,7 +354,6 @@ def test_the_setup_cell_and_solution_checks_are_collapsed(notebook):
 # Notebooks whose owners are converting them to glue right now: expected to fail (xfail, not strict). Each owner
 # removes their notebook from this set in the commit that makes it pass.
 GLUE_PENDING = {
-    "03_rope",
     "04_attention",
     "05_kv_cache",
     "06_model",
@@ -573,3 +572,17 @@ def test_glue_names_are_unique(notebook):
     ]
     twice = sorted({n for n in names if names.count(n) > 1})
     assert not twice, f"{notebook.name}: glue names stored more than once: {twice}"
+
+
+def test_front_page_links_every_chapter_and_how_to_get_real_weights():
+    """The front page lists every chapter as a {doc} link (rendered with the notebook's own title, so it reads
+    as the sidebar does), says where to start and how to open a chapter in Colab, and how to get real weights."""
+    intro = (ROOT / "book" / "intro.md").read_text()
+    linked = re.findall(r"\{doc\}`\.\./notebooks/(\w+)`", intro)
+    assert sorted(set(linked)) == [nb.stem for nb in NOTEBOOKS], (
+        f"chapters linked from the front page: {linked}"
+    )
+    assert "as they are written" not in intro, "the front page still says chapters appear as they are written"
+    assert "## Start here" in intro and "colab.research.google.com/github/" in intro
+    for needed in ('ml.fetch("smollm2-135m")', "Llama 3.2 1B", "GGUF", "Ollama", "LM Studio"):
+        assert needed in intro, f"the front page does not say how to get real weights: {needed!r} missing"

@@ -9,7 +9,7 @@ import torch
 from conftest import CONFIGS, random_model
 
 import minillama as ml
-from minillama.inspect import attention_probs, residual_stream
+from minillama.inspect import attention_probs, attention_scores, residual_stream
 
 
 def _rms(x, gain, eps):
@@ -25,13 +25,15 @@ def _rotate(x, angles):
 
 
 def brute_force(model, tokens):
-    """(residual stream [layers + 1, t, d], [per layer: probabilities [h, t, t]]), in float64."""
+    """(residual stream [layers + 1, t, d], [per layer: probabilities [h, t, t]]), in float64; the scores
+    before the softmax are kept in brute_force.scores."""
     a = model.args
     hd, g, t = a.head_dim, a.n_heads // a.n_kv_heads, len(tokens)
     sd = {k: v.double() for k, v in model.state_dict().items()}
     angles = torch.outer(torch.arange(t, dtype=torch.float64), ml.inv_freq(a).double())
     x = sd["tok_embeddings.weight"][tokens]
     stream, probs = [x], []
+    brute_force.scores = []
     for i in range(a.n_layers):
         w = {k[len(f"layers.{i}.") :]: v for k, v in sd.items() if k.startswith(f"layers.{i}.")}
         xn = _rms(x, w["attention_norm.weight"], a.norm_eps)
@@ -40,7 +42,7 @@ def brute_force(model, tokens):
             xn @ w["attention.wk.weight"].T,
             xn @ w["attention.wv.weight"].T,
         )
-        heads, layer_probs = [], []
+        heads, layer_probs, layer_scores = [], [], []
         for head in range(a.n_heads):
             kvh = head // g
             qh = _rotate(q[:, head * hd : (head + 1) * hd], angles)
@@ -49,10 +51,12 @@ def brute_force(model, tokens):
             for row in range(t):
                 for col in range(row + 1):  # causal: a query reads keys at its own position or earlier
                     scores[row, col] = (qh[row] @ kh[col]) / math.sqrt(hd)
+            layer_scores.append(scores)
             p = scores.softmax(-1)
             layer_probs.append(p)
             heads.append(p @ v[:, kvh * hd : (kvh + 1) * hd])
         probs.append(torch.stack(layer_probs))
+        brute_force.scores.append(torch.stack(layer_scores))
         h = x + torch.cat(heads, dim=-1) @ w["attention.wo.weight"].T
         hn = _rms(h, w["ffn_norm.weight"], a.norm_eps)
         gate, up = hn @ w["feed_forward.w1.weight"].T, hn @ w["feed_forward.w3.weight"].T
@@ -66,11 +70,12 @@ def case(request):
     args = CONFIGS[request.param]
     model = random_model(args, seed=3)
     tokens = torch.randint(0, args.vocab_size, (13,), generator=torch.Generator().manual_seed(1))
-    return model, tokens, *brute_force(model, tokens)
+    stream, probs = brute_force(model, tokens)
+    return model, tokens, stream, probs, brute_force.scores
 
 
 def test_residual_stream_matches_a_brute_force_forward(case):
-    model, tokens, stream, _ = case
+    model, tokens, stream, *_ = case
     got = residual_stream(model, tokens)
     assert got.shape == (model.args.n_layers + 1, len(tokens), model.args.dim)
     assert torch.equal(got[0], model.tok_embeddings.weight[tokens])
@@ -87,12 +92,15 @@ def test_residual_stream_last_row_gives_the_logits(case):
 
 
 def test_attention_probs_match_a_brute_force_softmax(case):
-    model, tokens, _, probs = case
+    model, tokens, _, probs, scores = case
     a = model.args
     for layer in range(a.n_layers):
         got = attention_probs(model, tokens, layer)
         assert got.shape == (a.n_heads, len(tokens), len(tokens)) and got.dtype == torch.float32
         torch.testing.assert_close(got.double(), probs[layer], atol=1e-5, rtol=1e-4)
+        raw = attention_scores(model, tokens, layer)
+        assert torch.equal(torch.isinf(raw), torch.isinf(scores[layer]))  # -inf exactly where masked
+        torch.testing.assert_close(raw.double(), scores[layer], atol=1e-4, rtol=1e-4)
         assert torch.all(got.triu(1) == 0), "a query reads no later key"
         torch.testing.assert_close(got.sum(-1), torch.ones(a.n_heads, len(tokens)))
     torch.testing.assert_close(

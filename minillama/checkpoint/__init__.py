@@ -5,7 +5,7 @@ model-parallel rank, this package's parameter names), Hugging Face's (`config.js
 HF names, wq/wk rows permuted for its half-split rotary pairs) and llama.cpp's GGUF (one file: metadata,
 tokenizer and weights, often quantised, wq/wk in Meta's order). `load` detects the layout, translates
 the config, checks every name, shape and dtype before reading a weight, undoes HF's permutation (so one
-attention code path serves both) and merges Meta's shards; `save` writes Hugging Face's layout.
+attention code path serves all three), dequantises GGUF tensors and merges Meta's shards; `save` writes Hugging Face's layout.
 
     model = ml.load("path/to/checkpoint", device="cuda", dtype=torch.bfloat16)
     ml.save(model, "out/")

@@ -66,7 +66,10 @@ def detect_layout(path: str | os.PathLike) -> tuple[str, Path]:
     ("gguf", the file) for a `.gguf` file or a folder holding exactly one and no other checkpoint."""
     path = Path(path).expanduser()
     if not path.exists():
-        raise FileNotFoundError(f"checkpoint path does not exist: {path}")
+        from ..fetch import SHIPPED
+
+        hint = f"; {str(path)!r} is a model ml.fetch gets: ml.load(ml.fetch({str(path)!r}))" if str(path) in SHIPPED else ""
+        raise FileNotFoundError(f"checkpoint path does not exist: {path}{hint}")
     if path.is_file() and path.suffix.lower() == GGUF_SUFFIX:
         return "gguf", path
     root = path if path.is_dir() else path.parent

@@ -12,7 +12,8 @@ the whole model, which is the point for the 70B (141 GB in bf16) and the 405B.
   degrees the loader reshards: rank r's rows [r·G/N, (r+1)·G/N) are copied from whichever source
   shards overlap them (memory-mapped, so only those pages are read).
 - Hugging Face's layout: safetensors slices (`get_slice`) read just the rank's rows or columns; the
-  q/k rows are un-permuted per head, which works on a rank's slice because it holds whole heads.
+  q/k rows are un-permuted per head, which works on a rank's slice because it holds whole heads;
+- a GGUF file: each tensor is dequantised whole, then the rank's slice is kept (small models only).
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ from .configs import load_args
 from .layout import HF_CONFIG, detect_layout, hf_files, meta_shards, read_json
 from .load import _resolve_dtype
 from .names import IGNORED, hf_to_meta, hf_unpermute
+from .read_gguf import dequantize as gguf_dequantize
+from .read_gguf import gguf_default_dtype, gguf_to_meta
 
 
 class _MetaShards:
@@ -142,6 +145,32 @@ class _HFSlices:
         out.copy_(w)
 
 
+class _GGUFTensors:
+    """Reads rank slices from a GGUF file: a quantised tensor is dequantised whole (its blocks run along
+    rows), then the rank's rows or columns are copied. Meant for small models (SmolLM2); the file stays
+    memory-mapped, so only the tensors' own pages are read."""
+
+    def __init__(self, path: Path):
+        from .read_gguf import ROPE_FREQS, open_gguf
+
+        self.reader = open_gguf(path)
+        self.where = {gguf_to_meta(t.name): t for t in self.reader.tensors if t.name != ROPE_FREQS}
+        self.where.pop(None, None)
+        if "output.weight" not in self.where:  # tied head
+            self.where["output.weight"] = self.where["tok_embeddings.weight"]
+        self.opened = [path.name]
+
+    def global_shapes(self, rank: int, degree: int) -> dict[str, tuple]:
+        return {name: tuple(int(n) for n in reversed(t.shape)) for name, t in self.where.items()}
+
+    def dtype(self) -> torch.dtype:
+        return gguf_default_dtype(self.reader)
+
+    def read(self, name: str, dim: int | None, out: torch.Tensor, start: int, rank: int, degree: int) -> None:
+        w = gguf_dequantize(self.where[name])
+        out.copy_(w if dim is None else w.narrow(dim, start, out.shape[dim]))
+
+
 def load_parallel(
     path: str | os.PathLike,
     mesh,
@@ -150,7 +179,7 @@ def load_parallel(
     max_seq_len: int | None = None,
 ) -> Transformer:
     """A tensor-parallel `Transformer` over the 1-D `mesh` with the weights of the checkpoint at `path`
-    (Meta or Hugging Face layout), each rank reading only its own slices. Call it on every rank.
+    (Meta, Hugging Face or GGUF), each rank reading only its own slices. Call it on every rank.
     `device` defaults to the mesh's device type (`cuda:LOCAL_RANK` once `torch.cuda.set_device` ran);
     `dtype` None keeps the checkpoint's (bf16 for Meta's releases). The files read are listed in
     `model.loaded_from` (for Meta's layout at degree == shards: just this rank's own shard)."""
@@ -160,7 +189,10 @@ def load_parallel(
         args = args.replace(max_seq_len=max_seq_len)
     degree, rank = mesh.size(), mesh.get_local_rank()
     check_degree(args, degree)
-    reader = _HFSlices(root, args) if layout == "hf" else _MetaShards(root)
+    if layout == "gguf":
+        reader = _GGUFTensors(root)
+    else:
+        reader = _HFSlices(root, args) if layout == "hf" else _MetaShards(root)
     shapes = reader.global_shapes(rank, degree)
     with torch.device("meta"):
         model = Transformer(args)

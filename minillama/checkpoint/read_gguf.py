@@ -64,10 +64,6 @@ def gguf_to_meta(name: str) -> str | None:
     return f"{GGUF_TOP[base]}.weight" if base in GGUF_TOP and kind == "weight" else None
 
 
-def is_gguf(path: str | os.PathLike) -> bool:
-    return Path(path).suffix.lower() == GGUF_SUFFIX and Path(path).is_file()
-
-
 def _gguf_reader_class():
     from gguf import GGUFReader
 
