@@ -349,6 +349,13 @@ def _tp_mesh(degree: int):
         raise UsageError(str(error)) from None
 
 
+def _served_name(checkpoint: str) -> str:
+    """The model id a server answers to: a checkpoint folder's name, a .gguf file's without the suffix,
+    or the fetched name as given (smollm2-135m)."""
+    name = Path(checkpoint.rstrip("/")).name
+    return name[: -len(".gguf")] if name.lower().endswith(".gguf") else name
+
+
 def cmd_serve(ns) -> int:
     """`serve`: the model behind an OpenAI-compatible HTTP server on the continuous-batching engine
     (chapter 12, `minillama.serving.server`); runs until Ctrl-C."""
@@ -365,11 +372,13 @@ def cmd_serve(ns) -> int:
         raise UsageError(
             f"{error} (the server is the `serve` extra: pip install 'minillama[serve]')"
         ) from None
+    name = ns.served_model_name or ns.model or _served_name(ns.checkpoint)
+    if ns.checkpoint is not None:
+        ns.checkpoint = _checkpoint_path(ns.checkpoint)
     model, tokenizer = _generation_model(ns, _device(ns.device), _dtype(ns.dtype), None, print)
     engine = Engine(
         model, tokenizer, block_size=ns.block_size, num_blocks=ns.num_blocks, max_batch=ns.max_batch
     )
-    name = ns.served_model_name or ns.model or Path(ns.checkpoint).name
     print(f"serving {name!r} on http://{ns.host}:{ns.port}/v1 ({engine.num_blocks} KV blocks of "
           f"{engine.block_size} positions, at most {ns.max_batch} sequences per step)", file=sys.stderr)  # fmt: skip
     try:
@@ -546,7 +555,11 @@ def parser() -> argparse.ArgumentParser:
         "request joins the engine's continuous batch. Needs the `serve` extra: pip install 'minillama[serve]'.",
     )
     src = v.add_argument_group("weights (one of)")
-    src.add_argument("--checkpoint", metavar="PATH", help="a Meta or Hugging Face checkpoint directory")
+    src.add_argument(
+        "--checkpoint",
+        metavar="PATH",
+        help="a Meta or Hugging Face checkpoint directory, a .gguf file, or smollm2-135m (fetched once)",
+    )
     src.add_argument(
         "--model", metavar="NAME", help=f"random weights of a catalogue shape: {', '.join(MODELS)}"
     )

@@ -33,7 +33,8 @@ from minillama.serving import Engine
 from minillama.serving.server import Server
 
 ROOT = Path(__file__).resolve().parent.parent
-ARGS = ml.MODELS["tiny"].replace(n_layers=2, max_seq_len=256)  # the context limit the 400s name
+# the tiny shape made smaller still (the 128,256-row output head dominates a step); 256: the context limit
+ARGS = ml.MODELS["tiny"].replace(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, multiple_of=32, max_seq_len=256)
 NAME = "tiny-test"
 TIMEOUT = 60  # seconds: the most any one request of these tests may take on a busy 2-core machine
 
@@ -202,7 +203,7 @@ def test_40_concurrent_streaming_clients_get_their_greedy_text(server, http, tok
     max_tokens = 16
     want = greedy(reference, tok, [tok.encode(p, bos=True) for p in prompts], max_tokens)
     want_chat = greedy(reference, tok, [tok.encode_dialog(m) for m in chats], max_tokens)
-    peak = {"requests": 0}
+    peak = {"requests": 0, "running": 0, "waiting": 0}
     steps_before = http.get("/health").json()["steps"]
 
     async def completion(client, prompt):
@@ -221,7 +222,10 @@ def test_40_concurrent_streaming_clients_get_their_greedy_text(server, http, tok
 
     async def watch(client, stop):
         while not stop.is_set():
-            peak["requests"] = max(peak["requests"], (await client.get("/health")).json()["requests"])
+            health = (await client.get("/health")).json()
+            for key, value in (("requests", health["requests"]), *health["engine"].items()):
+                if key in peak:
+                    peak[key] = max(peak[key], value)
             await asyncio.sleep(0.01)
 
     async def main():
@@ -230,9 +234,7 @@ def test_40_concurrent_streaming_clients_get_their_greedy_text(server, http, tok
             stop = asyncio.Event()
             watcher = asyncio.create_task(watch(plain, stop))
             results = await asyncio.wait_for(
-                asyncio.gather(
-                    *(completion(api, p) for p in prompts), *(chat(plain, m) for m in chats)
-                ),
+                asyncio.gather(*(completion(api, p) for p in prompts), *(chat(plain, m) for m in chats)),
                 timeout=2 * TIMEOUT,
             )
             stop.set()
@@ -244,13 +246,17 @@ def test_40_concurrent_streaming_clients_get_their_greedy_text(server, http, tok
     assert len(results) == 40  # none lost
     assert results[:24] == want
     assert results[24:] == want_chat
-    assert peak["requests"] >= 32, f"at most {peak['requests']} requests were in the engine at once"
+    assert peak["requests"] >= 32, f"at most {peak['requests']} requests were in the server at once"
+    assert peak["running"] == 32, f"the engine's batch peaked at {peak['running']} sequences, not max_batch"
+    assert peak["waiting"] >= 1  # the other 8 waited their turn
     health = idle(http, server)
     # continuous batching: far fewer engine steps than 40 requests x 16 tokens one after another
     assert health["steps"] - steps_before < 40 * max_tokens / 4
 
 
-def test_a_client_disconnecting_mid_stream_frees_its_blocks_and_the_others_go_on(server, http, tok, reference):
+def test_a_client_disconnecting_mid_stream_frees_its_blocks_and_the_others_go_on(
+    server, http, tok, reference
+):
     url, srv = server
     idle(http, server)
     others = ["Once upon a time", "In the beginning", "Roses are red"]
@@ -300,18 +306,18 @@ def test_a_client_giving_up_on_a_plain_request_frees_its_blocks(server, http):
 
 
 def test_a_full_pool_queues_requests_instead_of_failing_them(tok, reference):
-    """A pool of 6 blocks (96 positions) and 6 requests of 46 positions each: they cannot all hold
+    """A pool of 4 blocks (64 positions) and 6 requests of 30 positions each: they cannot all hold
     blocks at once, so some wait; every one completes with its greedy text."""
-    engine = Engine(random_model(ARGS, seed=0), tok, block_size=16, num_blocks=6, max_batch=8)
+    engine = Engine(random_model(ARGS, seed=0), tok, block_size=16, num_blocks=4, max_batch=8)
     prompts = [f"Story number {i}:" for i in range(6)]
     assert {len(tok.encode(p, bos=True)) for p in prompts} == {6}
-    want = greedy(reference, tok, [tok.encode(p, bos=True) for p in prompts], 40)
+    want = greedy(reference, tok, [tok.encode(p, bos=True) for p in prompts], 24)
     with running(engine, tok) as (url, srv):
         results: dict[int, tuple] = {}
-        peak = {"requests": 0, "free_min": engine.num_blocks}
+        peak = {"requests": 0, "waiting": 0}
 
         def one(i):
-            body = {"prompt": prompts[i], "max_tokens": 40, "temperature": 0}
+            body = {"prompt": prompts[i], "max_tokens": 24, "temperature": 0}
             with httpx.Client(base_url=url, timeout=2 * TIMEOUT) as c:
                 response = c.post("/v1/completions", json=body)
                 results[i] = (response.status_code, response.json())
@@ -323,14 +329,35 @@ def test_a_full_pool_queues_requests_instead_of_failing_them(tok, reference):
             while any(t.is_alive() for t in threads):
                 h = c.get("/health").json()
                 peak["requests"] = max(peak["requests"], h["requests"])
-                peak["free_min"] = min(peak["free_min"], h["free_blocks"])
+                peak["waiting"] = max(peak["waiting"], h["engine"]["waiting"])
                 time.sleep(0.02)
             for t in threads:
                 t.join(2 * TIMEOUT)
             assert [results[i][0] for i in range(len(prompts))] == [200] * len(prompts)
             assert [results[i][1]["choices"][0]["text"] for i in range(len(prompts))] == want
-            assert peak["requests"] == len(prompts)  # all were accepted at once
+            assert peak["requests"] == len(prompts)  # all were accepted at once ...
+            assert peak["waiting"] >= 1  # ... and some waited for blocks
             idle(c, (url, srv))
+
+
+def test_an_engine_that_fails_answers_500_then_503_never_hangs(tok):
+    """A step that raises: the request in flight gets a 500 error object, /health turns 503 with the
+    cause, and later requests get 503 at once (the engine's state is not trusted after a failure)."""
+    engine = Engine(random_model(ARGS, seed=0), tok, max_batch=4)
+
+    def broken():
+        raise RuntimeError("a simulated fault in the forward pass")
+
+    engine.step = broken
+    with running(engine, tok) as (url, _), httpx.Client(base_url=url, timeout=TIMEOUT) as c:
+        first = c.post("/v1/completions", json={"prompt": "hi", "max_tokens": 4})
+        assert first.status_code == 500
+        assert "simulated fault" in first.json()["error"]["message"]
+        health = c.get("/health")
+        assert health.status_code == 503 and "simulated fault" in health.json()["error"]
+        body = {"prompt": "hi", "max_tokens": 4, "stream": True}
+        later = c.post("/v1/completions", json=body)
+        assert later.status_code == 503 and later.json()["error"]["type"] == "server_error"
 
 
 def test_stop_strings_cut_the_text_streamed_or_not(server, http, tok, reference):
@@ -374,27 +401,75 @@ BAD = [
     ("no messages", "/v1/chat/completions", {"messages": []}, 400, ["'messages'"]),
     ("unknown role", "/v1/chat/completions", {"messages": [{"role": "bot", "content": "x"}]}, 400, ["role"]),
     ("no prompt", "/v1/completions", {"max_tokens": 5}, 400, ["missing", "'prompt'"]),
-    ("unknown field", "/v1/completions", {"prompt": "hi", "frequency_penality": 1}, 400,
-     ["unknown field 'frequency_penality'", "accepts"]),  # fmt: skip
+    (
+        "unknown field",
+        "/v1/completions",
+        {"prompt": "hi", "frequency_penality": 1},
+        400,
+        ["unknown field 'frequency_penality'", "accepts"],
+    ),  # fmt: skip
     ("max_tokens 0", "/v1/completions", {"prompt": "hi", "max_tokens": 0}, 400, ["'max_tokens'", "1"]),
-    ("max_tokens -3", "/v1/chat/completions",
-     {"messages": [{"role": "user", "content": "x"}], "max_tokens": -3}, 400, ["'max_tokens'"]),  # fmt: skip
-    ("max_tokens past the context", "/v1/completions", {"prompt": "hi", "max_tokens": 10_000}, 400,
-     [f"maximum context length is {ARGS.max_seq_len}", "lower max_tokens"]),  # fmt: skip
-    ("prompt past the context", "/v1/completions", {"prompt": TOO_LONG, "max_tokens": 1}, 400,
-     [f"maximum context length is {ARGS.max_seq_len}", f"{len(TOO_LONG)}"]),  # fmt: skip
-    ("chat past the context", "/v1/chat/completions",
-     {"messages": [{"role": "user", "content": "llama " * 300}]}, 400,
-     [f"maximum context length is {ARGS.max_seq_len}"]),  # fmt: skip
+    (
+        "max_tokens -3",
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": "x"}], "max_tokens": -3},
+        400,
+        ["'max_tokens'"],
+    ),  # fmt: skip
+    (
+        "max_tokens past the context",
+        "/v1/completions",
+        {"prompt": "hi", "max_tokens": 10_000},
+        400,
+        [f"maximum context length is {ARGS.max_seq_len}", "lower max_tokens"],
+    ),  # fmt: skip
+    (
+        "prompt past the context",
+        "/v1/completions",
+        {"prompt": TOO_LONG, "max_tokens": 1},
+        400,
+        [f"maximum context length is {ARGS.max_seq_len}", f"{len(TOO_LONG)}"],
+    ),  # fmt: skip
+    (
+        "chat past the context",
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": "llama " * 300}]},
+        400,
+        [f"maximum context length is {ARGS.max_seq_len}"],
+    ),  # fmt: skip
     ("token id past the vocabulary", "/v1/completions", {"prompt": [1, 128_256]}, 400, ["vocabulary"]),
     ("temperature < 0", "/v1/completions", {"prompt": "hi", "temperature": -0.5}, 400, ["'temperature'"]),
     ("top_p 0", "/v1/completions", {"prompt": "hi", "top_p": 0}, 400, ["'top_p'"]),
     ("n 2", "/v1/completions", {"prompt": "hi", "n": 2}, 400, ["'n'"]),
-    ("five stop strings", "/v1/completions", {"prompt": "hi", "stop": ["a", "b", "c", "d", "e"]}, 400,
-     ["'stop'"]),  # fmt: skip
-    ("unknown model", "/v1/completions", {"prompt": "hi", "model": "gpt-4o"}, 404, ["'gpt-4o' does not exist"]),
-    ("a path as the model", "/v1/chat/completions",
-     {"model": "../../etc/passwd", "messages": [{"role": "user", "content": "x"}]}, 404, ["does not exist"]),  # fmt: skip
+    ("a penalty", "/v1/completions", {"prompt": "hi", "presence_penalty": 0.5}, 400, ["not supported"]),
+    (
+        "logprobs",
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": "x"}], "logprobs": True},
+        400,
+        ["logprobs=True is not supported"],
+    ),  # fmt: skip
+    (
+        "five stop strings",
+        "/v1/completions",
+        {"prompt": "hi", "stop": ["a", "b", "c", "d", "e"]},
+        400,
+        ["'stop'"],
+    ),  # fmt: skip
+    (
+        "unknown model",
+        "/v1/completions",
+        {"prompt": "hi", "model": "gpt-4o"},
+        404,
+        ["'gpt-4o' does not exist"],
+    ),
+    (
+        "a path as the model",
+        "/v1/chat/completions",
+        {"model": "../../etc/passwd", "messages": [{"role": "user", "content": "x"}]},
+        404,
+        ["does not exist"],
+    ),  # fmt: skip
     ("a 10 MB body", "/v1/completions", b'{"prompt": "' + b"a" * 10_000_000 + b'"}', 413, ["larger than"]),
     ("unknown path", "/v1/embeddings", {"input": "hi"}, 404, ["no route"]),
 ]
@@ -426,51 +501,82 @@ def test_the_openai_client_raises_its_own_errors(server):
         client.completions.create(model=NAME, prompt="hi", temperature=-1)
 
 
-def test_cli_serves_on_loopback_only_and_stops(tmp_path):
-    """`python -m minillama serve --model tiny`: by default nothing listens beyond 127.0.0.1; SIGINT
-    stops it with exit code 0."""
+@pytest.fixture(scope="module", autouse=True)
+def cli(tmp_path_factory, reference):
+    """`python -m minillama serve --checkpoint DIR` in a child process, started with the module's first
+    test so that its start (imports, loading) overlaps the other tests; killed at the end if still up."""
+    tmp = tmp_path_factory.mktemp("cli")
+    ml.save(reference, tmp / "ckpt")
+    (tmp / "run").mkdir()
     with socket.socket() as s:  # a free port for the child (bound, read, released)
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    argv = ["serve", "--model", "tiny", "--max-seq-len", "128", "--port", str(port), "--log-level", "warning"]
+    argv = ["serve", "--checkpoint", str(tmp / "ckpt"), "--port", str(port), "--log-level", "warning"]
     child = subprocess.Popen(
         [sys.executable, "-m", "minillama", *argv],
-        cwd=tmp_path,
-        env=env,
-        stdout=subprocess.PIPE,
+        cwd=tmp / "run",
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
     )
     try:
-
-        def up():
-            assert child.poll() is None, child.communicate()[1]
-            try:
-                return httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200
-            except httpx.TransportError:
-                return False
-
-        _until(up, 90, "`serve` did not answer /health")
-        listening = [
-            c.laddr
-            for c in psutil.Process(child.pid).net_connections(kind="inet")
-            if c.status == psutil.CONN_LISTEN
-        ]
-        assert listening and all(addr.ip == "127.0.0.1" for addr in listening), listening
-        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", timeout=TIMEOUT, max_retries=0)
-        assert client.models.list().data[0].id == "tiny"
-        reply = client.completions.create(model="tiny", prompt="hi", max_tokens=3, temperature=0)
-        assert reply.usage.completion_tokens == 3
-        child.send_signal(signal.SIGINT)
-        _, err = child.communicate(timeout=30)
-        assert child.returncode == 0, err
-        assert "random weights" in err and f"http://127.0.0.1:{port}/v1" in err
-        assert list(tmp_path.iterdir()) == []  # nothing written where it ran
+        yield child, port, tmp / "run"
     finally:
         if child.poll() is None:
             child.kill()
-            child.communicate()
+            child.communicate(timeout=30)
+
+
+def test_neutral_openai_parameters_are_accepted(server):
+    """Clients that send OpenAI's defaults for what this server lacks (penalties 0, no logit bias) work;
+    max_completion_tokens is max_tokens' newer name."""
+    client = openai.OpenAI(base_url=server[0] + "/v1", api_key="unused", timeout=TIMEOUT, max_retries=0)
+    reply = client.chat.completions.create(
+        model=NAME,
+        messages=[{"role": "user", "content": "hi"}],
+        max_completion_tokens=5,
+        temperature=0,
+        presence_penalty=0,
+        frequency_penalty=0.0,
+        logit_bias={},
+        logprobs=False,
+        n=1,
+    )
+    assert reply.usage.completion_tokens == 5
+
+
+def test_cli_serves_on_loopback_only_and_stops(cli, reference, tok):
+    """By default nothing listens beyond 127.0.0.1; the checkpoint's greedy text comes back; SIGINT
+    stops the server with exit code 0, having written nothing where it ran."""
+    child, port, run_dir = cli
+    [want] = greedy(reference, tok, [tok.encode("hi", bos=True)], 3)
+
+    def up():
+        assert child.poll() is None, child.communicate()[1]
+        try:
+            return httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200
+        except httpx.TransportError:
+            return False
+
+    _until(up, 90, "`serve` did not answer /health")
+    listening = [
+        c.laddr
+        for c in psutil.Process(child.pid).net_connections(kind="inet")
+        if c.status == psutil.CONN_LISTEN
+    ]
+    assert listening and all(addr.ip == "127.0.0.1" for addr in listening), listening
+    client = openai.OpenAI(
+        base_url=f"http://127.0.0.1:{port}/v1", api_key="x", timeout=TIMEOUT, max_retries=0
+    )
+    assert client.models.list().data[0].id == "ckpt"
+    reply = client.completions.create(model="ckpt", prompt="hi", max_tokens=3, temperature=0)
+    assert reply.choices[0].text == want
+    child.send_signal(signal.SIGINT)
+    _, err = child.communicate(timeout=30)
+    assert child.returncode == 0, err
+    assert f"serving 'ckpt' on http://127.0.0.1:{port}/v1" in err
+    assert list(run_dir.iterdir()) == []  # nothing written where it ran
 
 
 def test_serve_arguments():
@@ -480,3 +586,16 @@ def test_serve_arguments():
     assert (ns.host, ns.port) == ("127.0.0.1", 8000)
     assert main(["serve"]) == 2
     assert main(["serve", "--model", "tiny", "--port", "70000"]) == 2
+
+
+def test_the_readme_client_snippet_runs(server, capsys):
+    """The README's client snippet, pointed at this server, runs and streams the reply."""
+    readme = (ROOT / "README.md").read_text().split("## Serving: an OpenAI-compatible server", 1)[1]
+    snippet = readme.split("```python\n", 1)[1].split("```", 1)[0]
+    assert len(snippet.strip().splitlines()) == 6
+    snippet = snippet.replace("http://127.0.0.1:8000", server[0]).replace("smollm2-135m", NAME)
+    namespace: dict = {}
+    exec(compile(snippet, "README.md", "exec"), namespace)
+    reply = namespace["reply"]
+    assert reply.usage.completion_tokens == 64 and reply.choices[0].finish_reason == "length"
+    assert capsys.readouterr().out.startswith(reply.choices[0].message.content + "\n")

@@ -18,6 +18,17 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 MAX_STOP_STRINGS = 4  # as OpenAI's API
 MAX_STOP_CHARS = 256
+# the values of OpenAI parameters that this server does not implement which mean "off"
+NEUTRAL = {
+    "frequency_penalty": (0,),
+    "presence_penalty": (0,),
+    "logit_bias": ({},),
+    "logprobs": (False, 0),
+    "top_logprobs": (0,),
+    "echo": (False,),
+    "best_of": (1,),
+    "suffix": ("",),
+}
 
 
 class _Strict(BaseModel):
@@ -49,6 +60,22 @@ class _Sampling(_Strict):
     stream_options: StreamOptions | None = None
     n: Literal[1] = 1  # one choice per request; the engine batches across requests instead
     user: str | None = None  # accepted, unused (OpenAI uses it for abuse monitoring)
+    # OpenAI parameters this server does not implement: accepted at their neutral values (clients that
+    # always send the defaults keep working); any other value is a 400 that says so (`unsupported`)
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+
+    def unsupported(self) -> None:
+        for name, neutral in NEUTRAL.items():
+            value = getattr(self, name, None)
+            if value is not None and value not in neutral:
+                raise APIError(
+                    400,
+                    f"{name}={value!r} is not supported by this server (only {' or '.join(map(repr, neutral))})",
+                    param=name,
+                    code="unsupported_parameter",
+                )
 
     def stop_strings(self) -> tuple[str, ...]:
         if self.stop is None:
@@ -60,6 +87,10 @@ class CompletionRequest(_Sampling):
     # one prompt: text (encoded after <|begin_of_text|>) or token ids as they are
     prompt: str | Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
     max_tokens: Annotated[int, Field(ge=1)] | None = 16  # OpenAI's default for completions
+    logprobs: int | None = None
+    echo: bool | None = None
+    best_of: int | None = None
+    suffix: str | None = None
 
 
 class TextPart(_Strict):
@@ -78,7 +109,22 @@ class ChatMessage(_Strict):
 
 class ChatCompletionRequest(_Sampling):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
-    # max_tokens None: as many as the context leaves after the prompt (vLLM's default)
+    # max_tokens None: as many as the context leaves after the prompt (vLLM's default);
+    # max_completion_tokens: OpenAI's newer name for it
+    max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+
+    def unsupported(self) -> None:
+        super().unsupported()
+        if self.max_completion_tokens is not None:
+            if self.max_tokens is not None and self.max_tokens != self.max_completion_tokens:
+                raise APIError(
+                    400,
+                    "max_tokens and max_completion_tokens differ; send one of them",
+                    param="max_completion_tokens",
+                )
+            self.max_tokens = self.max_completion_tokens
 
 
 class APIError(Exception):
@@ -105,9 +151,11 @@ def parse(schema: type[_Strict], body: object) -> _Strict:
     if not isinstance(body, dict):
         raise APIError(400, f"the request body must be a JSON object, got {type(body).__name__}")
     try:
-        return schema.model_validate(body)
+        request = schema.model_validate(body)
     except ValidationError as error:
         raise _api_error(schema, error) from None
+    request.unsupported()
+    return request
 
 
 def _api_error(schema: type[_Strict], error: ValidationError) -> APIError:

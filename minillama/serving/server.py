@@ -33,19 +33,23 @@ import traceback
 import uuid
 from collections.abc import AsyncIterator
 
+try:
+    from starlette.applications import Starlette
+    from starlette.exceptions import HTTPException
+    from starlette.requests import ClientDisconnect
+    from starlette.responses import JSONResponse, StreamingResponse
+    from starlette.routing import Route
+except ImportError as error:  # the extra is not installed
+    raise ImportError(
+        f"the server needs Starlette and uvicorn: pip install 'minillama[serve]' ({error})"
+    ) from None
+
+from ..tokenizer import StreamDecoder
+from . import SamplingParams  # the engine's parameters (minillama.serving re-exports them)
 from .openai_schema import APIError, ChatCompletionRequest, CompletionRequest, parse
 
 MAX_BODY_BYTES = 4 * 2**20  # a full 128k-token prompt as text or as ids fits well within this
-DISCONNECT_POLL = 0.1  # seconds between checks that the client of a non-streamed request is still there
 DRAIN_BYTES = 64 * 2**20  # an oversized body is read (and dropped) up to this, so the client sees its 413
-
-
-def _lazy_starlette():
-    try:
-        import starlette  # noqa: F401
-        import uvicorn  # noqa: F401
-    except ImportError:
-        raise ImportError("the server needs Starlette and uvicorn: pip install 'minillama[serve]'") from None
 
 
 class _Stream:
@@ -193,29 +197,14 @@ class _Text:
         self.text = ""
         self.sent = 0
         self.stopped = False  # a stop string was found
-        if hasattr(tokenizer, "token_bytes"):
-            from ..tokenizer import StreamDecoder
-
-            self._decoder = StreamDecoder(tokenizer)
-        else:  # a tokenizer without byte access: decode the whole sequence, keep a trailing half character
-            self._decoder = None
-            self._ids: list[int] = []
+        self._decoder = StreamDecoder(tokenizer)
 
     def push(self, token: int) -> str:
-        if self._decoder is not None:
-            self.text += self._decoder.push(token)
-        else:
-            self._ids.append(token)
-            whole = self.tokenizer.decode(self._ids)
-            if not whole.endswith("\ufffd"):
-                self.text = whole
+        self.text += self._decoder.push(token)
         return self._release(final=False)
 
     def finish(self) -> str:
-        if self._decoder is not None:
-            self.text += self._decoder.flush()
-        elif self._ids:
-            self.text = self.tokenizer.decode(self._ids)
+        self.text += self._decoder.flush()
         return self._release(final=True)
 
     def _release(self, final: bool) -> str:
@@ -235,22 +224,14 @@ class Server:
     """The HTTP application around an engine: `Server(engine, tokenizer, "name").app` is an ASGI app."""
 
     def __init__(self, engine, tokenizer, model_name: str, *, max_body_bytes: int = MAX_BODY_BYTES):
-        _lazy_starlette()
-        from starlette.applications import Starlette
-        from starlette.exceptions import HTTPException
-        from starlette.routing import Route
-
-        from . import SamplingParams  # the engine's parameters (minillama.serving re-exports them)
-
         self.engine = engine
         self.tokenizer = tokenizer
         self.model_name = model_name
         self.max_body_bytes = max_body_bytes
         self.max_seq_len = engine.max_seq_len
         self.created = int(time.time())
-        self._params = SamplingParams
         self._stop_tokens = tuple(getattr(tokenizer, "stop_tokens", ()))
-        self._vocab = getattr(tokenizer, "n_words", None)
+        self._vocab = getattr(tokenizer, "vocab_size", None)
         self.loop = EngineLoop(engine)
         self.app = Starlette(
             routes=[
@@ -278,13 +259,9 @@ class Server:
 
     # errors as OpenAI's error object
     async def _api_error(self, request, error: APIError):
-        from starlette.responses import JSONResponse
-
         return JSONResponse(error.body(), status_code=error.status)
 
     async def _http_error(self, request, error):
-        from starlette.responses import JSONResponse
-
         kind = {404: "not_found_error", 405: "invalid_request_error"}.get(
             error.status_code, "invalid_request_error"
         )
@@ -297,16 +274,12 @@ class Server:
         return JSONResponse(body, status_code=error.status_code, headers=getattr(error, "headers", None))
 
     async def _internal_error(self, request, error):
-        from starlette.responses import JSONResponse
-
         traceback.print_exception(error, file=sys.stderr)
         body = APIError(500, f"internal error: {type(error).__name__}", type="server_error").body()
         return JSONResponse(body, status_code=500)
 
     # endpoints
     async def health(self, request):
-        from starlette.responses import JSONResponse
-
         ok = self.loop.error is None
         body = {"status": "ok" if ok else "error", "model": self.model_name, **self.loop.snapshot}
         if not ok:
@@ -314,8 +287,6 @@ class Server:
         return JSONResponse(body, status_code=200 if ok else 503)
 
     async def models(self, request):
-        from starlette.responses import JSONResponse
-
         card = {
             "id": self.model_name,
             "object": "model",
@@ -358,13 +329,20 @@ class Server:
         )
         body = bytearray()
         dropped = 0
-        async for chunk in request.stream():
-            if dropped or len(body) + len(chunk) > limit or (declared.isdigit() and int(declared) > limit):
-                dropped += len(chunk)  # keep reading (and dropping) so the client gets to read its 413
-                if dropped > DRAIN_BYTES:
-                    break
-                continue
-            body += chunk
+        try:
+            async for chunk in request.stream():
+                if (
+                    dropped
+                    or len(body) + len(chunk) > limit
+                    or (declared.isdigit() and int(declared) > limit)
+                ):
+                    dropped += len(chunk)  # keep reading (and dropping) so the client gets to read its 413
+                    if dropped > DRAIN_BYTES:
+                        break
+                    continue
+                body += chunk
+        except ClientDisconnect:  # nobody will read the answer; no traceback for it either
+            raise APIError(400, "the client disconnected while sending the request body") from None
         if dropped or (declared.isdigit() and int(declared) > limit):
             raise too_large
         try:
@@ -396,16 +374,16 @@ class Server:
         if prompt_len + max_tokens > limit:
             raise APIError(
                 400,
-                f"this model's maximum context length is {limit} tokens; the prompt's {prompt_len} tokens "
-                f"+ max_tokens {max_tokens} = {prompt_len + max_tokens}; lower max_tokens to at most "
-                f"{limit - prompt_len} or shorten the prompt",
+                f"this model's maximum context length is {limit} tokens; a prompt of {prompt_len} "
+                f"token{'s' if prompt_len != 1 else ''} + max_tokens {max_tokens} needs {prompt_len + max_tokens}; "
+                f"lower max_tokens to at most {limit - prompt_len} or shorten the prompt",
                 param="max_tokens",
                 code="context_length_exceeded",
             )
         # without a seed each sampled request draws its own (OpenAI's behaviour); greedy needs none
         seed = req.seed if req.seed is not None else secrets.randbelow(2**31)
         try:
-            return self._params(
+            return SamplingParams(
                 max_tokens=max_tokens,
                 temperature=req.temperature,
                 top_p=req.top_p,
@@ -416,8 +394,6 @@ class Server:
             raise APIError(400, str(error)) from None
 
     async def _respond(self, request, req, prompt_ids: list[int], chat: bool):
-        from starlette.responses import JSONResponse, StreamingResponse
-
         params = self._sampling(req, len(prompt_ids))
         stream = await self._submit(prompt_ids, params)
         kind = "chatcmpl" if chat else "cmpl"
@@ -466,17 +442,13 @@ class Server:
         """(text, finish_reason or None) as the tokens arrive; aborts the request when the client goes
         away, when a stop string ends the text, or when anything else ends this generator early."""
         finished = False
+        # no stream to write to, so nothing notices a client that has gone: a task listens for it
+        watcher = asyncio.create_task(self._watch(request, stream)) if request is not None else None
         try:
             while True:
-                if request is None:
-                    event = await stream.events.get()
-                else:  # no stream to write to: look for a disconnected client while waiting
-                    try:
-                        event = await asyncio.wait_for(stream.events.get(), timeout=DISCONNECT_POLL)
-                    except TimeoutError:
-                        if await request.is_disconnected():
-                            return
-                        continue
+                event = await stream.events.get()
+                if event[0] == "gone":
+                    return
                 if event[0] == "error":
                     finished = True
                     raise APIError(event[1], event[2], type="server_error")
@@ -497,8 +469,18 @@ class Server:
                     yield rest, "stop" if text.stopped else _finish_reason(reason)
                     return
         finally:
+            if watcher is not None:
+                watcher.cancel()
             if not finished:  # a stop string, a disconnect or a cancelled task: free the blocks now
                 self.loop.abort(stream)
+
+    @staticmethod
+    async def _watch(request, stream: _Stream) -> None:
+        """Wait for the client of a non-streamed request to disconnect (its body has been read, so the
+        next ASGI message is the disconnect), then tell the request's reader."""
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+        stream.events.put_nowait(("gone",))
 
     async def _sse(self, pieces, meta: dict, usage: dict, chat: bool, include_usage: bool):
         def event(choice: dict, **extra) -> str:
@@ -546,7 +528,6 @@ def serve(
     log_level: str = "info",
 ) -> None:
     """Run the server until interrupted (Ctrl-C or SIGTERM)."""
-    _lazy_starlette()
     import uvicorn
 
     if host not in ("127.0.0.1", "localhost", "::1"):
