@@ -33,7 +33,7 @@ def test_every_import_of_the_package_is_declared():
     """A third-party module the package imports is a runtime dependency or in the `book` extra (imported
     lazily, for the chapters); numpy is declared because `ml.save`/`ml.load` go through safetensors.torch."""
     declared = _requirement_names(PROJECT["dependencies"])
-    extra = _requirement_names(PROJECT["optional-dependencies"]["book"])
+    extra = set().union(*(_requirement_names(deps) for deps in PROJECT["optional-dependencies"].values()))
     distribution = {"llama_models": "llama-models"}
     notebook_only = {"matplotlib_inline", "IPython", "myst_nb"}  # present wherever a notebook runs
     imported = set()
