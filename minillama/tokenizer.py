@@ -216,7 +216,7 @@ class Tokenizer:
             checkpoint = Path(checkpoint)
             if not checkpoint.exists():  # a typo must not fall back to the shipped ranks silently
                 raise FileNotFoundError(
-                    f"{checkpoint} does not exist; pass a .gguf file, a ranks file ({TOKENIZER_FILE}) or a checkpoint "
+                    f"{checkpoint} does not exist; pass a ranks file ({TOKENIZER_FILE}), a .gguf file or a checkpoint "
                     f"directory, or call Tokenizer.default() for the Llama 3 ranks shipped with llama-models"
                 )
             if checkpoint.is_file() and checkpoint.suffix.lower() == ".gguf":

@@ -9,6 +9,11 @@
 import socket
 
 import pytest
+
+# setuptools before anything else: a test that imports transformers' GGUF path pulls in the standard library's
+# distutils, after which setuptools' shim refuses to load when Inductor later compiles a C++ kernel
+# ("Distutils was imported before Setuptools"); importing setuptools first installs the shim.
+import setuptools  # noqa: F401
 import torch
 
 import minillama as ml

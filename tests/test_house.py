@@ -353,8 +353,7 @@ def test_the_setup_cell_and_solution_checks_are_collapsed(notebook):
 
 # Notebooks whose owners are converting them to glue right now: expected to fail (xfail, not strict). Each owner
 # removes their notebook from this set in the commit that makes it pass.
-GLUE_PENDING: set[str] = {
-}
+GLUE_PENDING: set[str] = set()
 
 _UNIT = (
     # bandwidth and rate first (they contain the byte and time units)
