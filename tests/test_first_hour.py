@@ -74,7 +74,7 @@ def test_a_workflow_runs_the_readme_test_command_on_push():
 
 
 def test_the_readme_says_what_the_commands_need():
-    for needed in ("npm", "chromium", ".ci/install-chromium", "make book TORCH_INDEX_URL=", "515 s", "24 min",
+    for needed in ("npm", "chromium", ".ci/install-chromium", "make book TORCH_INDEX_URL=", "515 s", "half an hour",
                    ".venv/bin/python -m minillama", "benchmarks/local/", "ARGS=--publish", "torchao==0.18.0"):  # fmt: skip
         assert needed in README, needed
     assert "nothing else to install by hand" not in README
