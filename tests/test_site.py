@@ -63,9 +63,6 @@ PNG_TEXT_PT = 10  # a PNG's text is unknown: assume matplotlib's default font.si
 # chapters whose figures are not yet drawn with ml.notebook.figures() (SVG with real text): their figure check is
 # expected to fail (xfail, not strict); owners remove a chapter here when its figures are converted
 FIGURES_PENDING = {
-    "notebooks/04_attention",
-    "notebooks/05_kv_cache",
-    "notebooks/06_model",
     "notebooks/07_decode",
     "notebooks/08_compile",
     "notebooks/09_quantization",
