@@ -62,11 +62,7 @@ MIN_FIGURE_TEXT_PX = 9.0
 PNG_TEXT_PT = 10  # a PNG's text is unknown: assume matplotlib's default font.size
 # chapters whose figures are not yet drawn with ml.notebook.figures() (SVG with real text): their figure check is
 # expected to fail (xfail, not strict); owners remove a chapter here when its figures are converted
-FIGURES_PENDING = {
-    "notebooks/07_decode",
-    "notebooks/08_compile",
-    "notebooks/09_quantization",
-}
+FIGURES_PENDING: set[str] = set()
 
 
 TOC = yaml.safe_load((ROOT / "_toc.yml").read_text())
