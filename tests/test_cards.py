@@ -443,6 +443,11 @@ def test_parameters_line_has_no_stray_separator():
 
 def test_rope_card_divides_frequencies_and_lengthens_wavelengths():
     text = " ".join(card("rope", B8).numbers[0].text)
+    # minillama's float32 cos and sin for 131,072 positions x 64 pairs; Meta's complex64 (8 bytes) for twice as many
+    assert dict(card("rope", B8).numbers[0].rows) == {
+        "minillama's cos, sin · 131,072 positions × 64 pairs · float32": "64 MiB",
+        "Meta's complex64 table · 2 × 131,072 positions × 64 pairs": "128 MiB",
+    }
     assert "are divided by" not in text
     assert (
         "29 with wavelengths over 8,192 have their frequencies divided by 8 (wavelengths 8× longer)" in text

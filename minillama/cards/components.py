@@ -102,6 +102,7 @@ def rope(c: Ctx) -> dict:
     a = c.args
     p = a.head_dim // 2
     table = a.max_seq_len * p * 2 * BYTES_32
+    meta_table = 2 * a.max_seq_len * p * 2 * BYTES_32  # precompute_freqs_cis(hd, 2 · max_seq_len): complex64
     text = (
         f"ω_p = {a.rope_theta:,.0f}^(−2p / {a.head_dim}) before Llama 3.1 scaling. " + _rope_bands(a),
         "Hugging Face pairs channel i with i + hd/2 instead and permutes wq, wk to match.",
@@ -117,8 +118,12 @@ def rope(c: Ctx) -> dict:
                 "Tables",
                 (
                     (
-                        f"cos, sin · {commas(a.max_seq_len)} positions × {p} pairs · float32",
+                        f"minillama's cos, sin · {commas(a.max_seq_len)} positions × {p} pairs · float32",
                         format_bytes(table),
+                    ),
+                    (
+                        f"Meta's complex64 table · 2 × {commas(a.max_seq_len)} positions × {p} pairs",
+                        format_bytes(meta_table),
                     ),
                 ),
                 text,
