@@ -15,6 +15,7 @@ folder (`MINILLAMA_CHECKPOINT`).
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 from pathlib import Path
 
@@ -116,3 +117,53 @@ def figures(width: float = FIGURE_WIDTH, height: float = 3.6) -> None:
         "figure.dpi": 96,
         "figure.constrained_layout.use": True,
     })
+
+
+# a number, perhaps signed, with a % or × or a unit after a space ("15.0 GiB"); "8B" is a label
+_NUMBER = re.compile(r"^[+\-−]?\.?\d[\d,]*(\.\d+)?(e[+-]?\d+)?(%|×)?( \S.*)?$")
+
+
+class Table:
+    """Rows a cell prints, shown as an HTML table in the book (its cells wrap, so it fits a 390 px phone) and as
+    aligned text in a terminal or in `text/plain` (what nbval compares). Cells are strings, formatted by the
+    caller; a column of numbers ("1,024", "-0.5%", "15.0 GiB") is right-aligned."""
+
+    def __init__(self, header, rows, caption: str = ""):
+        self.header = tuple(str(h) for h in header)
+        self.rows = [tuple(str(c) for c in row) for row in rows]
+        self.caption = caption
+        bad = [row for row in self.rows if len(row) != len(self.header)]
+        if bad:
+            raise ValueError(f"a row has {len(bad[0])} cells, the header {len(self.header)}: {bad[0]}")
+
+    @staticmethod
+    def _numeric(cell: str) -> bool:
+        return bool(_NUMBER.match(cell))
+
+    def __repr__(self) -> str:
+        widths = [max(len(r[i]) for r in [self.header, *self.rows]) for i in range(len(self.header))]
+        right = [all(self._numeric(r[i]) for r in self.rows if r[i]) for i in range(len(self.header))]
+        out = [self.caption] if self.caption else []
+        for r in [self.header, *self.rows]:
+            out.append("  ".join(c.rjust(w) if a else c.ljust(w) for c, w, a in zip(r, widths, right)).rstrip())
+        return "\n".join(out)
+
+    def _repr_html_(self) -> str:
+        import html
+
+        e = html.escape
+        right = [all(self._numeric(r[i]) for r in self.rows if r[i]) for i in range(len(self.header))]
+        align = ' style="text-align:right"'
+        td = lambda tag, c, a: f"<{tag}{align if a else ''}>{e(c)}</{tag}>"  # noqa: E731
+        out = ["<table class='ml-printed'>"]
+        if self.caption:
+            out.append(f"<caption>{e(self.caption)}</caption>")
+        out.append("<thead><tr>" + "".join(td("th", h, a) for h, a in zip(self.header, right)) + "</tr></thead>")
+        out.append("<tbody>")
+        out += ["<tr>" + "".join(td("td", c, a) for c, a in zip(r, right)) + "</tr>" for r in self.rows]
+        return "\n".join(out + ["</tbody></table>"])
+
+
+def table(header, rows, caption: str = "") -> Table:
+    """A printed table that fits a phone: `ml.notebook.table(["model", "GiB"], [["8B", "15.0"]])`."""
+    return Table(header, rows, caption)

@@ -443,6 +443,11 @@ def test_parameters_line_has_no_stray_separator():
 
 def test_rope_card_divides_frequencies_and_lengthens_wavelengths():
     text = " ".join(card("rope", B8).numbers[0].text)
+    # minillama's float32 cos and sin for 131,072 positions x 64 pairs; Meta's complex64 (8 bytes) for twice as many
+    assert dict(card("rope", B8).numbers[0].rows) == {
+        "minillama's cos, sin · 131,072 positions × 64 pairs · float32": "64 MiB",
+        "Meta's complex64 table · 2 × 131,072 positions × 64 pairs": "128 MiB",
+    }
     assert "are divided by" not in text
     assert (
         "29 with wavelengths over 8,192 have their frequencies divided by 8 (wavelengths 8× longer)" in text
@@ -492,8 +497,15 @@ def test_model_card_decode_floor_excludes_the_embedding_table():
     floor = (8_030_261_248 - 128_256 * 4096) * 2 + 4096 * 2 + 2 * 32 * 8 * 128 * 2 * 1001
     assert c.facts["decode_step_bytes"] == floor
     text = str(c)
-    assert "Weights · 16-bit                             15.0 GiB" in text
-    assert "Bytes a decode step reads at least · 16-bit  14.1 GiB" in text
+    # the weights are held once per model, the cache and FLOPs per sequence, the floor per batch-1 step
+    headings = [f.heading.split(" · ")[0] for f in c.numbers]
+    assert headings == ["Per model", "Per sequence", "A decode step of one sequence"]
+    assert dict(c.numbers[0].rows) == {"Weights · 16-bit": "15.0 GiB"}
+    assert set(dict(c.numbers[1].rows)) == {"KV cache after this call · 16-bit", "FLOPs per new position"}
+    assert dict(c.numbers[2].rows)["Bytes it reads at least · 16-bit"] == "14.1 GiB"
+    # 2 FLOPs per matrix weight (all but the embedding and the 65 gains) + 4 h hd per key per layer
+    flops = 2 * (8_030_261_248 - 128_256 * 4096 - 65 * 4096) + 4 * 32 * 32 * 128 * 1001
+    assert dict(c.numbers[2].rows)["FLOPs per byte read · 16-bit"] == f"{flops / floor:.2f}" == "1.03"
     assert "except the embedding table (1,002 MiB), of which a sequence reads only its token's row" in text
     assert "reads every weight once and the cache" not in text
     assert "decode_step_bytes" not in card("model", B8, mode="prefill", positions=1000).facts

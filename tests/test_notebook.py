@@ -46,3 +46,17 @@ def test_an_unknown_switch_value_is_an_error(monkeypatch):
     monkeypatch.setenv(notebook.SWITCH, "gpu")
     with pytest.raises(ValueError, match="MINILLAMA_GPU_BRANCHES='gpu'.*'cpu'"):
         notebook.gpu_branch()
+
+
+def test_a_printed_table_is_text_and_html_with_the_same_cells():
+    t = notebook.table(["model", "total", "share"], [["8B", "8,030,261,248", "6.542%"], ["405B", "1", "-0.5%"]])
+    assert repr(t).splitlines() == [
+        "model          total   share",
+        "8B     8,030,261,248  6.542%",
+        "405B               1   -0.5%",
+    ]
+    html = t._repr_html_()
+    assert html.count("<tr>") == 3 and "<td style=\"text-align:right\">8,030,261,248</td>" in html
+    assert "<td>8B</td>" in html  # a label column stays left-aligned
+    with pytest.raises(ValueError, match="a row has 2 cells, the header 3"):
+        notebook.table(["a", "b", "c"], [["1", "2"]])

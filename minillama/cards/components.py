@@ -102,6 +102,7 @@ def rope(c: Ctx) -> dict:
     a = c.args
     p = a.head_dim // 2
     table = a.max_seq_len * p * 2 * BYTES_32
+    meta_table = 2 * a.max_seq_len * p * 2 * BYTES_32  # precompute_freqs_cis(hd, 2 · max_seq_len): complex64
     text = (
         f"ω_p = {a.rope_theta:,.0f}^(−2p / {a.head_dim}) before Llama 3.1 scaling. " + _rope_bands(a),
         "Hugging Face pairs channel i with i + hd/2 instead and permutes wq, wk to match.",
@@ -117,8 +118,12 @@ def rope(c: Ctx) -> dict:
                 "Tables",
                 (
                     (
-                        f"cos, sin · {commas(a.max_seq_len)} positions × {p} pairs · float32",
+                        f"minillama's cos, sin · {commas(a.max_seq_len)} positions × {p} pairs · float32",
                         format_bytes(table),
+                    ),
+                    (
+                        f"Meta's complex64 table · 2 × {commas(a.max_seq_len)} positions × {p} pairs",
+                        format_bytes(meta_table),
                     ),
                 ),
                 text,
@@ -281,30 +286,52 @@ def model(c: Ctx) -> dict:
     rows = tuple((c_, calc, n) for c_, calc, n in count.table() if c_ != "Total")
     net = meta_model(a)
     module_total = numel(net) + (a.n_layers - 1) * numel(net.layers[0])
-    figures = [
+    flops = flops_per_token(a, c.keys)
+    step = [
         ("Weights · 16-bit", format_bytes(weight_bytes(a, BYTES_16))),
         *(
             [(f"Weights · {c.format_label}", format_bytes(weight_bytes(a, BYTES_16, c.format, c.group_size)))]
             if c.format
             else []
         ),
-        ("KV cache after this call · 16-bit", format_bytes(kv_cache_bytes(a, c.keys))),
-        ("FLOPs per new position", commas(flops_per_token(a, c.keys))),
     ]
-    text = [
-        "FLOPs count 2 per weight of every matrix product plus the score and value products "
-        f"over {commas(c.keys)} keys."
+    sequence = [
+        ("KV cache after this call · 16-bit", format_bytes(kv_cache_bytes(a, c.keys))),
+        ("FLOPs per new position", commas(flops)),
+    ]
+    numbers = [
+        Figure(
+            "Per model · held once, shared by every sequence in a batch",
+            tuple(step),
+            ("A decode step reads every weight but the embedding table once, whatever the batch.",),
+        ),
+        Figure(
+            "Per sequence · each sequence in a batch adds these",
+            tuple(sequence),
+            (
+                "FLOPs count 2 per weight of every matrix product plus the score and value products "
+                f"over {commas(c.keys)} keys.",
+            ),
+        ),
     ]
     facts = {}
     if c.mode == "decode":
         floor = decode_step_bytes(a, c.keys)
-        figures.append(("Bytes a decode step reads at least · 16-bit", format_bytes(floor)))
-        text.append(_decode_floor_text(c, floor))
+        decode = [
+            ("Bytes it reads at least · 16-bit", format_bytes(floor)),
+        ]
         facts["decode_step_bytes"] = floor
         if c.format:
             quantised = decode_step_bytes(a, c.keys, format=c.format, group_size=c.group_size)
-            figures.append((f"Bytes a decode step reads at least · {c.format_label}", format_bytes(quantised)))
+            decode.append((f"Bytes it reads at least · {c.format_label}", format_bytes(quantised)))
             facts["decode_step_bytes_quantised"] = quantised
+        decode.append(("FLOPs per byte read · 16-bit", f"{flops / floor:.2f}"))
+        text = (
+            _decode_floor_text(c, floor),
+            "A batch shares the weights' bytes but not the FLOPs or the cache: batching raises the FLOPs "
+            "per byte.",
+        )
+        numbers.append(Figure("A decode step of one sequence · weights + its cache", tuple(decode), text))
     logits = NamedTensor(
         SYMBOLS["logits"], (c.B, pos_axis(c.t), Axis(a.vocab_size, "vocab")), "float32", ":out"
     )
@@ -315,7 +342,7 @@ def model(c: Ctx) -> dict:
         "inputs": [NamedTensor(SYMBOLS["tokens"], (c.B, pos_axis(c.t)), "int64 ids", "tokens")],
         "outputs": [logits],
         "parameters": params(rows, count.total, 1, module_total, a, word=""),
-        "numbers": [Figure("Per sequence", tuple(figures), (" ".join(text),))],
+        "numbers": numbers,
         "sources": sources(a, "config", "context", "transformer", "logits", "handoff"),
         "facts": facts,
     }
