@@ -507,6 +507,17 @@ _ENTRIES += [
         ((46, 47), (61, 71)),
         "direct",
     ),
+    Source(
+        "gpt-fast-tp-bench-intra",
+        "gpt-fast's README after its tensor-parallel runs moved to PyTorch's intra-node all-reduce "
+        "(ENABLE_INTRA_NODE_COMM=1, commit message: pytorch/pytorch#114001): Llama-2-70B at 21.32 tok/s "
+        "on 2 A100-80GB GPUs, 38.01 on 4 and 62.50 on 8, same machine.",
+        "pytorch-labs/gpt-fast",
+        "c5d345462c8d455c7c5f0fc96d175d4e2142501e",
+        "README.md",
+        ((47, 47), (61, 71), (133, 136)),
+        "direct",
+    ),
 ]
 
 SOURCES: dict[str, Source] = {s.key: s for s in _ENTRIES}
