@@ -18,8 +18,10 @@ and compiles the step with `fullgraph=True, dynamic=False`: the position is a te
 so nothing recompiles as positions advance; a new batch size or cache length compiles once more.
 Sampling stays outside the compiled graph, so a seeded `torch.Generator` works as in eager decoding.
 
-The settings apply to this compilation only (`torch.compile(..., options=...)`): the user's global
-`torch._inductor.config` is never changed. Because the weights are frozen into the compiled step, a
+The settings apply to this step only: they are patched into `torch._inductor.config` around each call
+of the step (`torch._inductor.config.patch`, restored on return), so the user's global configuration is
+never changed. (`torch.compile(..., options=...)` would be the obvious way, but in torch 2.13 it leaves
+`freezing` off, and without frozen weights the template is not used: chapter 8 shows the difference.) Because the weights are frozen into the compiled step, a
 step is cached per model together with a fingerprint of its weights (the tensors' identities and
 version counters); a model whose weights were replaced or changed in place (`ml.quantize`,
 `load_state_dict`, an in-place edit) gets a fresh compilation instead of stale constants.
@@ -92,6 +94,8 @@ class CompiledDecode:
     batch size or cache length); `compiles`: how many such calls there were; `options`: the Inductor
     options it was compiled with."""
 
+    _made = 0
+
     def __init__(self, model: Transformer, options: Mapping | None = None):
         if not isinstance(model, Transformer):
             raise ValueError(f"compile_decode takes a minillama Transformer; got {type(model).__name__}")
@@ -105,8 +109,18 @@ class CompiledDecode:
         def forward(token: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
             return model(token, start_pos=pos)[:, 0]
 
-        kwargs = {"options": self.options} if self.options else {}
-        self._forward = torch.compile(forward, fullgraph=True, dynamic=False, **kwargs)
+        # Dynamo keeps its compiled graphs on the function's code object, shared by every closure made
+        # from it: a code object of its own per step keeps one step's graphs (and frozen weights) from
+        # ever serving another model, or this model after its weights changed
+        CompiledDecode._made += 1
+        forward.__code__ = forward.__code__.replace(co_name=f"compiled_decode_{CompiledDecode._made}")
+        self._forward = torch.compile(forward, fullgraph=True, dynamic=False)
+
+    def _settings(self):
+        """The options as a scoped `torch._inductor.config.patch` (restored on exit)."""
+        import torch._inductor.config
+
+        return torch._inductor.config.patch(self.options)
 
     def _signature(self, token: torch.Tensor, pos: torch.Tensor) -> tuple:
         return tuple(token.shape), tuple(pos.shape), token.dtype, self.model.cache_shape
@@ -118,11 +132,16 @@ class CompiledDecode:
                 f"pos must be a tensor (got {type(pos).__name__}): an int would compile once per position"
             )
         signature = self._signature(token, pos)
+        # the options are patched in around every call, since any call may compile (the first, or after
+        # a guard fails), and `torch.compile(options=...)` would not do: in torch 2.13 it leaves
+        # `freezing` off, because compile_fx reads that setting outside the options' scope.
+        # inference_mode: one grad mode for every call (a change would recompile), and freezing needs
+        # gradients off
         if signature in self._seen:
-            with torch.inference_mode():  # one grad mode for every call: a change would recompile
+            with self._settings(), torch.inference_mode():
                 return self._forward(token, pos)
         start = time.perf_counter()
-        with torch.inference_mode():
+        with self._settings(), torch.inference_mode():
             out = self._forward(token, pos)
         self.compile_s += time.perf_counter() - start
         self.compiles += 1
