@@ -310,6 +310,10 @@ def cmd_generate(ns) -> int:
         )
     if ns.checkpoint is not None:
         ns.checkpoint = _checkpoint_path(ns.checkpoint)
+    if ns.compile and ns.tp is not None:
+        raise UsageError(
+            "--compile is not available with --tp (the compiled step is for one device); drop one"
+        )
     device = _device(ns.device)
     dtype = _dtype(ns.dtype)
     _preflight(ns, device, dtype)  # bad settings, names, prompts and sizes fail here, before any weights
@@ -322,10 +326,6 @@ def cmd_generate(ns) -> int:
         )
     # under torchrun every rank runs this; only rank 0 prints
     echo = print if mesh is None or mesh.get_local_rank() == 0 else (lambda *a, **k: None)
-    if ns.compile and mesh is not None:
-        raise UsageError(
-            "--compile is not available with --tp (the compiled step is for one device); drop one"
-        )
     started = time.perf_counter()
     model, tokenizer = _generation_model(ns, device, dtype, mesh, echo)
     loaded = time.perf_counter()
