@@ -1,0 +1,238 @@
+"""SmolLM2-135M's decode step on this CPU, eager against compiled, per weight format (chapter 8, issue 24).
+
+The trained model (`ml.fetch("smollm2-135m")`, dequantised to float32 by `ml.load`) in four formats:
+fp32, bf16, and `ml.quantize`'s int8 (per channel) and int4 (groups of 32; 576 inputs rule out 128)
+on the bf16 model. Batch 1, greedy. For each format these decode steps, all in one process:
+
+  eager        `decode_one_token` (the layers call MKL's GEMV / the int8 and int4 ATen kernels)
+  compile      `torch.compile(fullgraph=True)` with Inductor's defaults (options {})
+  cpp          `ml.compile_decode`'s CPU settings (`minillama.compiled.CPU_OPTIONS`): max_autotune with
+               the C++ GEMM template and ATen as candidates, frozen weights
+  cpp-wrapper  the same plus `cpp_wrapper=True` (the step's Python wrapper generated as C++)
+  cpp-only     the template alone (`max_autotune_gemm_backends="CPP"`): nothing to time while compiling
+
+Each variant is compiled once (its compile time recorded), then timed in interleaved rounds (a shared
+CPU is noisy: every round runs each variant in turn; the medians over rounds, and the ratios within
+the run, are what it measures). Every round prefills the same prompt and decodes `--tokens` tokens;
+the greedy tokens of each variant are compared with eager's of the same format. Beside them: the copy
+bandwidth of this machine and the matrix-vector bandwidth of the 49,152 x 576 head alone, eager and
+compiled, in fp32 and bf16 (the largest matrix, as the default kernel and the template read it).
+
+    .venv/bin/python benchmarks/compile_cpu.py            # -> benchmarks/local/compile-cpu.json (git-ignored)
+    .venv/bin/python benchmarks/compile_cpu.py --publish  # -> benchmarks/results/compile-cpu.json (chapter 8's)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+
+import minillama as ml
+from minillama.bench import copy_bandwidth, machine_info
+from minillama.compiled import CPU_OPTIONS, compile_decode
+from minillama.decode import decode_one_token, prefill
+from minillama.quantize import Int4Linear, Int8Linear
+
+FORMATS = ("fp32", "bf16", "int8", "int4")
+VARIANTS = {
+    "eager": None,
+    "compile": {},
+    "cpp": dict(CPU_OPTIONS),
+    "cpp-wrapper": {**CPU_OPTIONS, "cpp_wrapper": True},
+    "cpp-only": {**CPU_OPTIONS, "max_autotune_gemm_backends": "CPP"},
+}
+# what runs by default: every variant in fp32, the settings chapter 8 ships in the other formats
+PLAN = {
+    "fp32": ("eager", "compile", "cpp-only", "cpp"),
+    "bf16": ("eager", "cpp-only"),
+    "int8": ("eager", "cpp-only"),
+    "int4": ("eager", "cpp-only"),
+}
+PROMPT = "The three primary colours are"
+
+
+def build(fmt: str, path) -> nn.Module:
+    model = ml.load(path, dtype=torch.float32 if fmt == "fp32" else torch.bfloat16, progress=False)
+    if fmt == "int8":
+        ml.quantize(model, "int8")
+    elif fmt == "int4":
+        ml.quantize(model, "int4", group_size=32)
+    return model.eval().requires_grad_(False)
+
+
+def weight_bytes(model: nn.Module) -> int:
+    """Bytes a decode step reads from the weights: every matrix as its kernel reads it (int8: codes and
+    scales; int4: the packed codes and the scales and zeros), the norms, and one row of the embedding."""
+    nbytes = lambda *ts: sum(t.numel() * t.element_size() for t in ts)  # noqa: E731
+    total = 0
+    for m in model.modules():
+        if isinstance(m, Int4Linear):
+            total += nbytes(m.packed, m.scales_and_zeros)
+        elif isinstance(m, Int8Linear):
+            total += nbytes(m.weight, m.scales)
+        elif isinstance(m, (nn.Linear, ml.RMSNorm)):
+            total += nbytes(m.weight)
+    emb = model.tok_embeddings.weight
+    return total + emb.shape[1] * emb.element_size()
+
+
+def steps_for(model, variant):
+    if VARIANTS[variant] is None:
+        return decode_one_token
+    return compile_decode(model, VARIANTS[variant])
+
+
+@torch.inference_mode()
+def decode(model, step, ids, tokens):
+    """Prefill `ids`, then `tokens - 1` decode steps; (tokens, the time of each step in seconds)."""
+    x = torch.tensor([ids])
+    token, _ = prefill(model, x, torch.tensor([len(ids)]))
+    pos = torch.tensor([len(ids)])
+    out, times = [int(token)], []
+    for _ in range(tokens - 1):
+        start = time.perf_counter()
+        token, _ = step(model, token, pos)
+        times.append(time.perf_counter() - start)
+        pos += 1
+        out.append(int(token))
+    return out, times
+
+
+def head_bandwidth(dtype, compiled: bool, steps: int = 20) -> float:
+    """Bytes per second of x @ W.T for a 49,152 x 576 matrix (SmolLM2's head shape), random weights."""
+    g = torch.Generator().manual_seed(0)
+    head = nn.Linear(576, 49152, bias=False).to(dtype).requires_grad_(False)
+    with torch.no_grad():
+        head.weight.copy_(torch.randn(49152, 576, generator=g).to(dtype))
+    x = torch.randn(1, 576, generator=g).to(dtype)
+    fn = torch.compile(head, fullgraph=True, dynamic=False) if compiled else head
+    times = []
+    # torch.compile(options=...) would leave freezing off (see minillama.compiled): patch the config
+    with torch._inductor.config.patch(CPU_OPTIONS if compiled else {}), torch.inference_mode():
+        for _ in range(3):
+            fn(x)
+        for _ in range(steps):
+            start = time.perf_counter()
+            fn(x)
+            times.append(time.perf_counter() - start)
+    return head.weight.numel() * head.weight.element_size() / statistics.median(times)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--formats", default=",".join(FORMATS), help=f"comma-separated, of {FORMATS}")
+    parser.add_argument(
+        "--variants", default=None, help=f"of {tuple(VARIANTS)}, for every format (default: {PLAN})"
+    )
+    parser.add_argument("--tokens", type=int, default=32, help="tokens per round (1 from the prefill)")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
+    parser.add_argument("--out", default=None, help="default: benchmarks/local/compile-cpu.json")
+    parser.add_argument("--publish", action="store_true", help="write benchmarks/results/compile-cpu.json")
+    parser.add_argument(
+        "--append", action="store_true", help="add these formats to the output file's (a run per format group)"
+    )
+    opts = parser.parse_args(argv)
+    formats = opts.formats.split(",")
+    for f in formats:
+        if f not in FORMATS:
+            parser.error(f"unknown format {f!r}; use some of {FORMATS}")
+    plan = {f: opts.variants.split(",") if opts.variants else list(PLAN[f]) for f in formats}
+    for v in {v for vs in plan.values() for v in vs}:
+        if v not in VARIANTS:
+            parser.error(f"unknown variant {v!r}; use some of {tuple(VARIANTS)}")
+    if any("eager" not in vs for vs in plan.values()):
+        parser.error("the variants must include eager (the tokens and times are compared with it)")
+    if opts.publish and opts.out:
+        parser.error("pass --out PATH or --publish, not both")
+    out = Path(opts.out or f"benchmarks/{'results' if opts.publish else 'local'}/compile-cpu.json")
+    if opts.threads:
+        torch.set_num_threads(opts.threads)
+    from torch._inductor.cpu_vec_isa import pick_vec_isa
+
+    path = ml.fetch("smollm2-135m")
+    tok = ml.Tokenizer.default(path)
+    ids = tok.encode(PROMPT, bos=True)
+    results = {
+        "machine": machine_info("cpu"),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "inductor_vec_isa": str(pick_vec_isa()),
+        "model": "smollm2-135m",
+        "prompt_tokens": len(ids),
+        "tokens": opts.tokens,
+        "rounds": opts.rounds,
+        "plan": plan,
+        "options": {v: VARIANTS[v] for v in VARIANTS},
+        "ceilings": {},
+        "formats": {},
+    }
+    log = lambda *a: print(*a, file=sys.stderr, flush=True)  # noqa: E731
+    results["ceilings"]["copy_gb_s"] = copy_bandwidth("cpu") / 1e9
+    for dtype in (torch.float32, torch.bfloat16):
+        name = str(dtype).removeprefix("torch.")
+        for compiled in (False, True):
+            key = f"head_{name}_{'cpp' if compiled else 'eager'}_gb_s"
+            results["ceilings"][key] = head_bandwidth(dtype, compiled) / 1e9
+            log(key, round(results["ceilings"][key], 1))
+    models = {f: build(f, path) for f in formats}
+    for f, model in models.items():
+        model.setup_cache(1, len(ids) + opts.tokens)
+        entry = results["formats"][f] = {"weight_bytes": weight_bytes(model), "variants": {}}
+        for v in plan[f]:
+            step = steps_for(model, v)
+            start = time.perf_counter()
+            tokens, _ = decode(model, step, ids, 3)  # compiles (prefill stays eager)
+            first = time.perf_counter() - start
+            entry["variants"][v] = {
+                "compile_s": getattr(step, "compile_s", None),
+                "first_call_s": first,
+                "times": [],
+                "tokens": None,
+            }
+            log(f, v, "ready", round(first, 1), "s")
+    for r in range(opts.rounds):
+        for f, model in models.items():
+            for v in plan[f]:
+                tokens, times = decode(model, steps_for(model, v), ids, opts.tokens)
+                rec = results["formats"][f]["variants"][v]
+                rec["times"].append(statistics.median(times))
+                rec["tokens"] = rec["tokens"] or tokens
+                rec.setdefault("same_tokens_every_round", True)
+                rec["same_tokens_every_round"] &= tokens == rec["tokens"]
+        log("round", r + 1, "of", opts.rounds)
+    for f, entry in results["formats"].items():
+        eager = entry["variants"]["eager"]
+        for v, rec in entry["variants"].items():
+            rec["ms_per_token"] = 1e3 * statistics.median(rec["times"])
+            rec["tok_s"] = 1e3 / rec["ms_per_token"]
+            rec["gb_s"] = entry["weight_bytes"] / rec["ms_per_token"] / 1e6
+            rec["speedup_vs_eager"] = statistics.median(
+                e / t for e, t in zip(eager["times"], rec["times"])
+            )  # within each round, then the median
+            rec["same_tokens_as_eager"] = rec["tokens"] == eager["tokens"]
+            agree = next((i for i, (a, b) in enumerate(zip(rec["tokens"], eager["tokens"])) if a != b), None)
+            rec["tokens_agreeing_with_eager"] = len(rec["tokens"]) if agree is None else agree
+            log(f"{f:5} {v:12} {rec['ms_per_token']:7.1f} ms/token {rec['gb_s']:5.1f} GB/s "
+                f"x{rec['speedup_vs_eager']:.2f} compile {rec['compile_s'] or 0:.0f} s "
+                f"same tokens {rec['same_tokens_as_eager']}")  # fmt: skip
+    if opts.append and out.exists():
+        earlier = json.loads(out.read_text())
+        earlier["formats"].update(results["formats"])
+        earlier.setdefault("run_times", [earlier["machine"]["time"]]).append(results["machine"]["time"])
+        earlier["plan"].update(results["plan"])
+        results = earlier
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=1) + "\n")
+    log("wrote", out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
