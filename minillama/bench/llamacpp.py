@@ -30,6 +30,7 @@ import argparse
 import contextlib
 import copy
 import importlib.metadata
+import json
 import os
 import statistics
 import sys
@@ -210,12 +211,16 @@ def run(
     gguf_dir: str | os.PathLike | None = None,
     compiled: bool = False,
     log=None,
+    on_repeat=None,
 ) -> dict:
-    """Measure llama.cpp and minillama on the same weights (see the module docstring); a results dict."""
+    """Measure llama.cpp and minillama on the same weights (see the module docstring); a results dict.
+    `on_repeat(results)` is called with the results so far after each repeat (to save them as they come)."""
     llama_cpp = llama_cpp_module()  # before anything is written or loaded
     unknown = [r for r in rows if r not in ROWS]
     if unknown:
         raise ValueError(f"unknown rows {unknown}; choose from {list(ROWS)}")
+    if repeats < 1:
+        raise ValueError(f"repeats={repeats}: at least 1")
     if new_tokens < 2:
         raise ValueError(f"new_tokens={new_tokens}: at least 2 (one from the prefill, one decode step)")
     log = log or (lambda line: None)
@@ -229,9 +234,26 @@ def run(
         raise ValueError(f"{source}: the llama.cpp peer needs a GGUF checkpoint (its tokenizer goes into every file)")
     prompt = Tokenizer.default(source).encode_dialog(PROMPT)
     n_ctx = len(prompt) + new_tokens
-    base = load(source, dtype=torch.float32, progress=False, max_seq_len=n_ctx)
+    base = load(source, dtype=torch.float32, progress=False)  # the file's own context length goes into the GGUFs
     source_type = sorted({t.tensor_type.name for t in _open(source).tensors if len(t.shape) == 2})
     wall_start = time.perf_counter()
+    config = {
+        "checkpoint": checkpoint,
+        "source": f"{source.name}: {'/'.join(source_type)} blocks, dequantised to float32 by ml.load; every "
+        f"format is written from those float32 weights",
+        "prompt": PROMPT,
+        "prompt_ids": prompt,
+        "prompt_len": len(prompt),
+        "new_tokens": new_tokens,
+        "decode_steps": new_tokens - 1,
+        "repeats": repeats,
+        "rows": list(rows),
+        "threads": {"torch": torch.get_num_threads(), "llama_cpp": threads},
+        "llama_cpp_python": importlib.metadata.version("llama_cpp_python"),
+        "llama_cpp_system_info": llama_cpp.llama_print_system_info().decode().strip(),
+        "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "interleaved": "each repeat runs every runner once, the order rotated by one per repeat",
+    }
 
     with contextlib.ExitStack() as stack:
         folder = Path(gguf_dir) if gguf_dir else Path(stack.enter_context(tempfile.TemporaryDirectory()))
@@ -250,13 +272,15 @@ def run(
                 runners.append((row, Minillama(model, variant, threads)))
                 if compiled:
                     runners.append((row, _compiled(model, variant, threads, log)))
-        log("warm-up: one generation each")
+        log("warm-up: a short generation each (first touch of the weights, llama.cpp's repacking)")
         warm = {}
         for _, r in runners:
             start = time.perf_counter()
-            warm[r.variant] = r.run(prompt, new_tokens)[0], time.perf_counter() - start
+            r.run(prompt, min(new_tokens, 8))
+            warm[r.variant] = time.perf_counter() - start
+        ceilings = _ceilings(runners, log)
         times = {r.variant: [] for _, r in runners}
-        tokens = {}
+        tokens, results = {}, None
         for i in range(repeats):
             order = runners[i % len(runners) :] + runners[: i % len(runners)]  # rotated: A B C, B C A, ...
             for _, r in order:
@@ -266,62 +290,49 @@ def run(
                     raise RuntimeError(f"{r.impl} {r.variant}: greedy tokens changed between repeats")
             log(f"repeat {i + 1}/{repeats}: " + ", ".join(
                 f"{v} {1e3 * t[-1][1] / (new_tokens - 1):.1f}" for v, t in times.items()) + " ms/token")  # fmt: skip
-
-        ceilings = _ceilings(base, runners, log)
-        reference = tokens.get("F32")
-        runs = []
-        for row, r in runners:
-            nbytes, weights = r.weight_bytes()
-            decode = [d / (new_tokens - 1) for _, d in times[r.variant]]
-            entry = {
-                "impl": r.impl,
-                "variant": r.variant,
-                "row": row,
-                "threads": r.threads,
-                "decode_ms_per_token": _median_ms(decode),
-                "decode_tok_s": 1 / statistics.median(decode),
-                "prefill_ms": _median_ms([p for p, _ in times[r.variant]]),
-                "generate_tok_s": new_tokens / statistics.median([p + d for p, d in times[r.variant]]),
-                "weight_bytes_per_step": nbytes,
-                "bits_per_weight": 8 * nbytes / weights,
-                "achieved_GBps": nbytes / statistics.median(decode) / 1e9,
-                "times_ms": {
-                    "prefill": [round(1e3 * p, 3) for p, _ in times[r.variant]],
-                    "decode_per_token": [round(1e3 * d, 4) for d in decode],
-                },
-                "first_run_s": warm[r.variant][1],
-                "tokens": tokens[r.variant],
+            config["repeats_done"] = i + 1
+            runs = [_entry(row, r, times[r.variant], tokens, warm[r.variant], new_tokens) for row, r in runners]
+            results = {
+                "machine": machine_info("cpu") | {"threads": threads},
+                "config": config,
+                "ceilings": ceilings,
+                "runs": runs,
+                "wall_s": time.perf_counter() - wall_start,
             }
-            if reference is not None:
-                entry["agrees_with_llama_cpp_f32"] = leading_agreement(tokens[r.variant], reference)
-            runs.append(entry)
-    results = {
-        "machine": machine_info("cpu") | {"threads": threads},
-        "config": {
-            "checkpoint": checkpoint,
-            "source": f"{source.name}: {'/'.join(source_type)} blocks, dequantised to float32 by ml.load; every "
-            f"format is written from those float32 weights",
-            "prompt": PROMPT,
-            "prompt_ids": prompt,
-            "prompt_len": len(prompt),
-            "new_tokens": new_tokens,
-            "decode_steps": new_tokens - 1,
-            "repeats": repeats,
-            "rows": list(rows),
-            "threads": {"torch": torch.get_num_threads(), "llama_cpp": threads},
-            "llama_cpp_python": importlib.metadata.version("llama_cpp_python"),
-            "llama_cpp_system_info": llama_cpp.llama_print_system_info().decode().strip(),
-            "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
-            "interleaved": "each repeat runs every runner once, order rotated by one per repeat",
-        },
-        "ceilings": ceilings,
-        "runs": runs,
-        "wall_s": time.perf_counter() - wall_start,
-    }
-    fastest = max(runs, key=lambda r: r["achieved_GBps"])  # the best weight bandwidth a decode step reached
-    ceilings["best_step_GBps"] = {k: fastest[k] for k in ("impl", "variant", "achieved_GBps")}
-    results["rows"] = compare(results)
+            fastest = max(runs, key=lambda r: r["achieved_GBps"])  # the best weight bandwidth a step reached
+            ceilings["best_step_GBps"] = {k: fastest[k] for k in ("impl", "variant", "achieved_GBps")}
+            results["rows"] = compare(results)
+            if on_repeat is not None:
+                on_repeat(results)
     return results
+
+
+def _entry(row: str, r, times: list, tokens: dict, warm_s: float, new_tokens: int) -> dict:
+    """One runner's figures: medians over the repeats, the per-repeat times, its tokens."""
+    nbytes, weights = r.weight_bytes()
+    decode = [d / (new_tokens - 1) for _, d in times]
+    entry = {
+        "impl": r.impl,
+        "variant": r.variant,
+        "row": row,
+        "threads": r.threads,
+        "decode_ms_per_token": _median_ms(decode),
+        "decode_tok_s": 1 / statistics.median(decode),
+        "prefill_ms": _median_ms([p for p, _ in times]),
+        "generate_tok_s": new_tokens / statistics.median([p + d for p, d in times]),
+        "weight_bytes_per_step": nbytes,
+        "bits_per_weight": 8 * nbytes / weights,
+        "achieved_GBps": nbytes / statistics.median(decode) / 1e9,
+        "times_ms": {
+            "prefill": [round(1e3 * p, 3) for p, _ in times],
+            "decode_per_token": [round(1e3 * d, 4) for d in decode],
+        },
+        "warm_up_s": warm_s,
+        "tokens": tokens[r.variant],
+    }
+    if "F32" in tokens:
+        entry["agrees_with_llama_cpp_f32"] = leading_agreement(tokens[r.variant], tokens["F32"])
+    return entry
 
 
 def _open(path):
@@ -335,7 +346,7 @@ def _compiled(model, variant: str, threads: int, log):
     raise ValueError("the compiled decode step is not available in this version of minillama")
 
 
-def _ceilings(base, runners, log) -> dict:
+def _ceilings(runners, log) -> dict:
     """Copy bandwidth, and the default (eager) matrix-vector products over the fp32 and bf16 weights."""
     log("ceilings: copy and matvec")
     out = {"copy_GBps": copy_bandwidth("cpu") / 1e9, "matvec_GBps": {}}
@@ -443,6 +454,21 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    if ns.no_save:
+        path = None
+    elif ns.json:
+        path = Path(ns.json)
+    elif ns.publish:
+        path = fresh_path(RESULTS / f"{machine_info('cpu')['slug']}.json")
+    else:
+        info = machine_info("cpu")
+        path = Path("benchmarks") / "local" / f"llamacpp-{info['slug']}-{info['date']}.json"
+
+    def save(results: dict) -> None:
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(results, indent=1) + "\n")
+
     results = run(
         ns.model,
         rows=tuple(r.strip() for r in ns.rows.split(",") if r.strip()),
@@ -452,19 +478,9 @@ def main(argv: list[str] | None = None) -> int:
         gguf_dir=ns.gguf_dir,
         compiled=ns.compile,
         log=log,
+        on_repeat=save,
     )
     print(table(results))
-    if not ns.no_save:
-        slug = results["machine"]["slug"]
-        if ns.json:
-            path = Path(ns.json)
-        elif ns.publish:
-            path = fresh_path(RESULTS / f"{slug}.json")
-        else:
-            path = Path("benchmarks") / "local" / f"llamacpp-{slug}-{results['machine']['date']}.json"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        import json
-
-        path.write_text(json.dumps(results, indent=1) + "\n")
+    if path is not None:
         print(f"results: {path}")
     return 0
