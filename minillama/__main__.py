@@ -270,20 +270,35 @@ def _generation_model(ns, device, dtype, mesh, echo):
     return model, tokenizer
 
 
-def _print_stream(steps, tokenizer, echo) -> tuple[float | None, float | None, int]:
-    """Print the text as the tokens arrive (whole UTF-8 characters only); (first, last arrival time, count)."""
+def _print_stream(steps, tokenizer, echo) -> list[float]:
+    """Print the text as the tokens arrive (whole UTF-8 characters only); the arrival time of each token."""
     from .tokenizer import StreamDecoder
 
     decoder = StreamDecoder(tokenizer)
-    first = last = None
-    count = 0
+    arrivals = []
     for token in steps:
-        last = time.perf_counter()
-        first = first or last
-        count += 1
+        arrivals.append(time.perf_counter())
         echo(decoder.push(token), end="", flush=True)
     echo(decoder.flush())
-    return first, last, count
+    return arrivals
+
+
+def _timing(start: float, arrivals: list[float], prompt: int, compiled) -> list[str]:
+    """The timing line's parts: the prefill (the first token's arrival), the compilation (inside the first
+    decode step, with --compile) and the decode rate over the steps after it."""
+    report = []
+    if not arrivals:
+        return report
+    prefill = arrivals[0] - start
+    report.append(f"prefill {prompt} tokens in {prefill * 1e3:.0f} ms ({prompt / prefill:.1f} tok/s)")
+    decoded = arrivals
+    if compiled is not None and compiled.compiles and len(arrivals) > 1:
+        report.append(f"decode step compiled in {compiled.compile_s:.1f} s (first decode step, not counted)")
+        decoded = arrivals[1:]
+    if len(decoded) > 1:
+        n = len(decoded) - 1
+        report.append(f"decode {n} tokens at {n / (decoded[-1] - decoded[0]):.1f} tok/s")
+    return report
 
 
 def cmd_generate(ns) -> int:
@@ -307,6 +322,10 @@ def cmd_generate(ns) -> int:
         )
     # under torchrun every rank runs this; only rank 0 prints
     echo = print if mesh is None or mesh.get_local_rank() == 0 else (lambda *a, **k: None)
+    if ns.compile and mesh is not None:
+        raise UsageError(
+            "--compile is not available with --tp (the compiled step is for one device); drop one"
+        )
     started = time.perf_counter()
     model, tokenizer = _generation_model(ns, device, dtype, mesh, echo)
     loaded = time.perf_counter()
@@ -321,17 +340,20 @@ def cmd_generate(ns) -> int:
         seed=ns.seed,
         stop_tokens=tokenizer.stop_tokens,
         stream=True,
+        compile=ns.compile,
     )
+    compiled = None
+    if ns.compile:
+        from .compiled import compile_decode
+
+        compiled = compile_decode(model)  # the step generate uses (cached on the model)
     start = time.perf_counter()
-    first, last, count = _print_stream(steps, tokenizer, echo)
+    arrivals = _print_stream(steps, tokenizer, echo)
     weights = f"{model.tok_embeddings.weight.dtype}".replace("torch.", "")
     if ns.quantize is not None:
         weights += f", {ns.quantize}" + (f" g{ns.group_size}" if ns.quantize == "int4" else "") + " weights"
     report = [f"loaded in {loaded - started:.1f} s on {device} ({weights})"]
-    if first is not None:
-        report.append(f"prefill {len(ids)} tokens in {(first - start) * 1e3:.0f} ms")
-    if count > 1:
-        report.append(f"decode {count - 1} tokens at {(count - 1) / (last - first):.1f} tok/s")
+    report += _timing(start, arrivals, len(ids), compiled)
     if mesh is not None:
         report.append(f"tensor-parallel over {mesh.size()} ranks")
         torch.distributed.destroy_process_group()
@@ -525,6 +547,12 @@ def parser() -> argparse.ArgumentParser:
         choices=(32, 64, 128, 256),
         metavar="G",
         help="with --quantize int4: inputs per scale and zero (32, 64, 128 or 256)",
+    )
+    g.add_argument(
+        "--compile",
+        action="store_true",
+        help="decode with the compiled step (ml.compile_decode; on a CPU Inductor's C++ GEMM template with "
+        "frozen weights, chapter 8): the first decode step compiles, the timing line reports it apart",
     )
     g.add_argument("--quiet", action="store_true", help="no progress bar while loading")
     g.add_argument(

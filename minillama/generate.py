@@ -160,6 +160,7 @@ def generate(
     speculate_k: int = 4,
     verify_step=None,
     stats=None,
+    compile=False,
 ):
     """Continue each prompt by up to `max_new_tokens` tokens.
 
@@ -173,6 +174,13 @@ def generate(
     tokenizer); the stop token is not returned. The cache is set up for the longest prompt + the new
     tokens unless the model's cache already fits (`max_seq_len` forces its length). `decode_step`
     replaces `decode_one_token`, e.g. with `torch.compile(decode_one_token, fullgraph=True)` (chapter 8).
+
+    `compile=True` decodes with the model's compiled step (`minillama.compiled.compile_decode`: on a
+    CPU, Inductor's C++ GEMM template with frozen weights, the settings chapter 8 measures), compiled
+    on the first call and cached on the model, so later calls reuse it (until the weights change);
+    `compile=` a dict passes those Inductor options instead. The prefill stays eager. The first call
+    pays the compilation (`ml.compile_decode(model).compile_s` says how long); nothing recompiles as
+    positions advance.
 
     Speculative decoding (chapter 10, `minillama.speculative`): with `draft=` a smaller model of the
     same vocabulary, the draft proposes `speculate_k` tokens per round and the target checks them in
@@ -200,6 +208,8 @@ def generate(
         raise ValueError(
             f"stream=True decodes one prompt; got {len(rows)} (call once per prompt, or stream=False)"
         )
+    if compile is not False and compile is not None:
+        decode_step = _compiled_step(model, compile, decode_step, draft)
     if draft is not None:
         return _speculate(
             model,
@@ -222,6 +232,28 @@ def generate(
         return _stream(steps, stops, tokenizer)
     out = torch.stack(list(steps), dim=1)
     return [_trim(row, stops) for row in out.tolist()]
+
+
+def _compiled_step(model, compile, decode_step, draft):
+    """The cached compiled step that `compile=` asks for; a combination it cannot serve is an error."""
+    from .compiled import compile_decode
+
+    if draft is not None:
+        raise ValueError(
+            "compile=True compiles the plain decode step and does not cover speculative decoding (draft=); "
+            "compile the draft's step and the verify pass yourself as chapter 10 does (decode_step=, "
+            "verify_step=), or leave out draft="
+        )
+    if decode_step is not None:
+        raise ValueError("pass either decode_step= or compile=, not both (compile= builds the decode step)")
+    if compile is True:
+        return compile_decode(model)
+    if isinstance(compile, dict):
+        return compile_decode(model, compile)
+    raise ValueError(
+        f"compile={compile!r}: pass True (the settings of minillama.compiled.options_for the device), "
+        "False, or a dict of torch._inductor.config options"
+    )
 
 
 def _speculate(

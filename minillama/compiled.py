@@ -1,0 +1,168 @@
+"""The compiled decode step (chapter 8): one model's single-token forward, compiled once by
+`torch.compile` with the Inductor settings that make a CPU matrix-vector product run near the memory
+bus, and kept with the model so that every later `generate` reuses it.
+
+A batch-1 decode step multiplies every weight matrix by one vector: its time is the bytes of the
+weights over the bandwidth the kernel reaches. PyTorch's default CPU kernel for that product (MKL's
+GEMV, behind `F.linear`) reads a large fp32 matrix well below a plain copy's bandwidth. On a CPU
+`compile_decode` therefore asks Inductor (`torch._inductor.config`, see `CPU_OPTIONS`) for
+
+- `max_autotune` with `max_autotune_gemm_backends="CPP,ATEN"`: each matrix product is timed once at
+  compile time as Inductor's C++ GEMM template (a generated, register-blocked kernel) and as ATen's
+  call, and the faster one is kept;
+- `freezing`: the weights become constants of the compiled graph, so the template can repack each
+  one, once, into the blocked layout its kernel streams through (the model's own tensors stay as they
+  are; the packed copies take as much memory again);
+
+and compiles the step with `fullgraph=True, dynamic=False`: the position is a tensor (`decode.py`),
+so nothing recompiles as positions advance; a new batch size or cache length compiles once more.
+Sampling stays outside the compiled graph, so a seeded `torch.Generator` works as in eager decoding.
+
+The settings apply to this compilation only (`torch.compile(..., options=...)`): the user's global
+`torch._inductor.config` is never changed. Because the weights are frozen into the compiled step, a
+step is cached per model together with a fingerprint of its weights (the tensors' identities and
+version counters); a model whose weights were replaced or changed in place (`ml.quantize`,
+`load_state_dict`, an in-place edit) gets a fresh compilation instead of stale constants.
+
+    step = ml.compile_decode(model)                  # cached on the model; compiles on first call
+    out = ml.generate(model, [ids], compile=True)    # the same step, via generate
+    step.compile_s                                   # seconds spent compiling, so far
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+
+import torch
+
+from .model import Transformer
+from .sampling import sample
+
+__all__ = ["CPU_OPTIONS", "CompiledDecode", "compile_decode", "options_for"]
+
+# measured on a 2-core AMD EPYC (AVX-512), SmolLM2-135M batch 1: see chapter 8 and benchmarks/compile/
+CPU_OPTIONS: dict = {
+    "max_autotune": True,
+    "max_autotune_gemm_backends": "CPP,ATEN",
+    "freezing": True,
+}
+# on an accelerator Inductor's default (Triton kernels, no autotuning) is the step chapter 8 measures
+ACCELERATOR_OPTIONS: dict = {}
+
+_ATTR = "_minillama_compiled"  # where a model keeps its compiled steps
+
+
+class _Steps(dict):
+    """A model's compiled steps: a copy or a pickle of the model starts without them (a compiled step
+    belongs to the one model whose weights it froze)."""
+
+    def __deepcopy__(self, memo):
+        return _Steps()
+
+    def __reduce__(self):
+        return (_Steps, ())
+
+
+def options_for(device: torch.device | str) -> dict:
+    """The Inductor options `compile_decode` uses by default on `device` (a copy: change it freely)."""
+    return dict(CPU_OPTIONS if torch.device(device).type == "cpu" else ACCELERATOR_OPTIONS)
+
+
+def _fingerprint(model: Transformer) -> tuple:
+    """Which tensors the model's weights are, and how often each was changed in place (the KV cache,
+    state of a generation, is left out)."""
+    items = []
+    for name, t in (*model.named_parameters(), *model.named_buffers()):
+        if ".cache." in name or t is None:
+            continue
+        try:
+            version = t._version
+        except RuntimeError:  # an inference tensor keeps no version counter
+            version = None
+        items.append((name, id(t), t.data_ptr(), version, t.dtype, t.device))
+    return tuple(items), repr(getattr(model, "quantization", None))
+
+
+class CompiledDecode:
+    """A decode step compiled for one model, called as `generate`'s `decode_step`:
+    `step(model, token [b, 1], pos [b], **sampling) -> (next tokens [b, 1], logits [b, v])`.
+
+    `compile_s`: seconds spent in calls that compiled (the first call, and the first call of each new
+    batch size or cache length); `compiles`: how many such calls there were; `options`: the Inductor
+    options it was compiled with."""
+
+    def __init__(self, model: Transformer, options: Mapping | None = None):
+        if not isinstance(model, Transformer):
+            raise ValueError(f"compile_decode takes a minillama Transformer; got {type(model).__name__}")
+        self.model = model
+        self.options = dict(options_for(model.output.weight.device) if options is None else options)
+        self.fingerprint = _fingerprint(model)
+        self.compile_s = 0.0
+        self.compiles = 0
+        self._seen: set[tuple] = set()
+
+        def forward(token: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+            return model(token, start_pos=pos)[:, 0]
+
+        kwargs = {"options": self.options} if self.options else {}
+        self._forward = torch.compile(forward, fullgraph=True, dynamic=False, **kwargs)
+
+    def _signature(self, token: torch.Tensor, pos: torch.Tensor) -> tuple:
+        return tuple(token.shape), tuple(pos.shape), token.dtype, self.model.cache_shape
+
+    def logits(self, token: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        """The compiled forward alone: `token` `[b, 1]` at positions `pos` `[b]` -> float32 logits `[b, v]`."""
+        if not isinstance(pos, torch.Tensor):
+            raise ValueError(
+                f"pos must be a tensor (got {type(pos).__name__}): an int would compile once per position"
+            )
+        signature = self._signature(token, pos)
+        if signature in self._seen:
+            with torch.inference_mode():  # one grad mode for every call: a change would recompile
+                return self._forward(token, pos)
+        start = time.perf_counter()
+        with torch.inference_mode():
+            out = self._forward(token, pos)
+        self.compile_s += time.perf_counter() - start
+        self.compiles += 1
+        self._seen.add(signature)
+        return out
+
+    def __call__(self, model: Transformer, token: torch.Tensor, pos: torch.Tensor, **sampling):
+        if model is not self.model:
+            raise ValueError(
+                "this compiled step belongs to another model (its weights are frozen into it); "
+                "use ml.compile_decode(model) for this one"
+            )
+        logits = self.logits(token, pos)
+        return sample(logits, **sampling)[:, None], logits
+
+    def __repr__(self) -> str:
+        return (
+            f"CompiledDecode(options={self.options}, compiles={self.compiles}, "
+            f"compile_s={self.compile_s:.1f})"
+        )
+
+
+def compile_decode(model: Transformer, options: Mapping | None = None) -> CompiledDecode:
+    """The compiled decode step of `model`, built on first use and cached on the model.
+
+    `options`: Inductor options for this compilation only (default `options_for(device)`: on a CPU,
+    `CPU_OPTIONS`, the C++ GEMM template with frozen weights). The same model and options return the
+    same step, so a second `generate(..., compile=True)` does not compile again, unless the model's
+    weights changed since (then the step is compiled afresh). Compilation itself happens at the
+    step's first call (`step.compile_s` says how long it took)."""
+    if not isinstance(model, Transformer):
+        raise ValueError(f"compile_decode takes a minillama Transformer; got {type(model).__name__}")
+    if options is not None and not isinstance(options, Mapping):
+        raise ValueError(
+            f"options must be a dict of torch._inductor.config settings (or None); got {type(options).__name__}"
+        )
+    resolved = dict(options_for(model.output.weight.device) if options is None else options)
+    key = repr(sorted(resolved.items()))
+    steps = model.__dict__.setdefault(_ATTR, _Steps())
+    step = steps.get(key)
+    if step is None or step.fingerprint != _fingerprint(model):
+        step = steps[key] = CompiledDecode(model, resolved)
+    return step
