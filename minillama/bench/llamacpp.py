@@ -13,6 +13,9 @@ weights in its own formats. Each row of the comparison pairs one width of weight
   8-bit    Q8_0 (int8, f16 scale per 32)     int8 (`ml.quantize`: one scale per output channel)
   4-bit    Q4_0, Q4_1 (per 32)               int4-g32 (`ml.quantize`: scale and zero per 32)
 
+and with `compiled` each minillama variant also runs `ml.compile_decode`'s step (chapter 8: Inductor's C++
+GEMM template on frozen weights), named `<variant>-compiled`.
+
 Every runner generates `new_tokens` tokens greedily (argmax, no stop token) from the same prompt ids, with
 the same thread count, one prompt at a time: prefill, then one decode step per token. The runs are
 interleaved (each repeat runs every runner once, in an order rotated by the repeat), so load on a shared
@@ -225,7 +228,15 @@ def run(
         raise ValueError(f"new_tokens={new_tokens}: at least 2 (one from the prefill, one decode step)")
     log = log or (lambda line: None)
     threads = threads or cores()
+    previous = torch.get_num_threads()
     torch.set_num_threads(threads)
+    try:
+        return _run(llama_cpp, checkpoint, rows, new_tokens, repeats, threads, gguf_dir, compiled, log, on_repeat)
+    finally:
+        torch.set_num_threads(previous)
+
+
+def _run(llama_cpp, checkpoint, rows, new_tokens, repeats, threads, gguf_dir, compiled, log, on_repeat) -> dict:
     from ..fetch import fetch
     from ..tokenizer import Tokenizer
 
@@ -290,17 +301,16 @@ def run(
                     raise RuntimeError(f"{r.impl} {r.variant}: greedy tokens changed between repeats")
             log(f"repeat {i + 1}/{repeats}: " + ", ".join(
                 f"{v} {1e3 * t[-1][1] / (new_tokens - 1):.1f}" for v, t in times.items()) + " ms/token")  # fmt: skip
-            config["repeats_done"] = i + 1
             runs = [_entry(row, r, times[r.variant], tokens, warm[r.variant], new_tokens) for row, r in runners]
             results = {
                 "machine": machine_info("cpu") | {"threads": threads},
-                "config": config,
-                "ceilings": ceilings,
+                "config": config | {"repeats_done": i + 1},
+                "ceilings": dict(ceilings),
                 "runs": runs,
                 "wall_s": time.perf_counter() - wall_start,
             }
             fastest = max(runs, key=lambda r: r["achieved_GBps"])  # the best weight bandwidth a step reached
-            ceilings["best_step_GBps"] = {k: fastest[k] for k in ("impl", "variant", "achieved_GBps")}
+            results["ceilings"]["best_step_GBps"] = {k: fastest[k] for k in ("impl", "variant", "achieved_GBps")}
             results["rows"] = compare(results)
             if on_repeat is not None:
                 on_repeat(results)
@@ -327,7 +337,8 @@ def _entry(row: str, r, times: list, tokens: dict, warm_s: float, new_tokens: in
             "prefill": [round(1e3 * p, 3) for p, _ in times],
             "decode_per_token": [round(1e3 * d, 4) for d in decode],
         },
-        "warm_up_s": warm_s,
+        "warm_up_s": warm_s,  # a compiled step's compilation included
+        **({"compile_s": r.step.compile_s} if hasattr(getattr(r, "step", None), "compile_s") else {}),
         "tokens": tokens[r.variant],
     }
     if "F32" in tokens:
@@ -342,8 +353,11 @@ def _open(path):
 
 
 def _compiled(model, variant: str, threads: int, log):
-    """The compiled decode step of branch `compile` (`ml.generate(..., compile=True)`'s step)."""
-    raise ValueError("the compiled decode step is not available in this version of minillama")
+    """The same copy with `ml.compile_decode`'s step (chapter 8; what `ml.generate(..., compile=True)` runs):
+    it compiles on its first call, in the warm-up."""
+    from ..compiled import compile_decode
+
+    return Minillama(model, f"{variant}-compiled", threads, step=compile_decode(model))
 
 
 def _ceilings(runners, log) -> dict:
