@@ -291,7 +291,7 @@ def _run(llama_cpp, checkpoint, rows, new_tokens, repeats, threads, gguf_dir, co
             warm[r.variant] = time.perf_counter() - start
         ceilings = _ceilings(runners, log)
         times = {r.variant: [] for _, r in runners}
-        tokens, results = {}, None
+        tokens, results, load_average = {}, None, []
         for i in range(repeats):
             order = runners[i % len(runners) :] + runners[: i % len(runners)]  # rotated: A B C, B C A, ...
             for _, r in order:
@@ -302,9 +302,11 @@ def _run(llama_cpp, checkpoint, rows, new_tokens, repeats, threads, gguf_dir, co
             log(f"repeat {i + 1}/{repeats}: " + ", ".join(
                 f"{v} {1e3 * t[-1][1] / (new_tokens - 1):.1f}" for v, t in times.items()) + " ms/token")  # fmt: skip
             runs = [_entry(row, r, times[r.variant], tokens, warm[r.variant], new_tokens) for row, r in runners]
+            load_average.append(os.getloadavg()[0] if hasattr(os, "getloadavg") else None)
             results = {
                 "machine": machine_info("cpu") | {"threads": threads},
-                "config": config | {"repeats_done": i + 1},
+                # runnable processes (1-minute average) after each repeat: above the cores, others competed
+                "config": config | {"repeats_done": i + 1, "load_average": load_average},
                 "ceilings": dict(ceilings),
                 "runs": runs,
                 "wall_s": time.perf_counter() - wall_start,
@@ -367,7 +369,7 @@ def _ceilings(runners, log) -> dict:
     for _, r in runners:
         if r.impl == "minillama" and r.variant in ("fp32", "bf16"):
             nbytes, _ = r.weight_bytes()
-            seconds = statistics.median(matvec_seconds(r.model) for _ in range(3))
+            seconds = statistics.median(matvec_seconds(r.model, steps=4) for _ in range(3))
             out["matvec_GBps"][r.variant] = nbytes / seconds / 1e9
     out["best_matvec_GBps"] = max(out["matvec_GBps"].values(), default=None)
     return out
@@ -401,6 +403,20 @@ def compare(results: dict) -> list[dict]:
             "agreement": leading_agreement(best["tokens"], peer["tokens"]),
         })  # fmt: skip
     return out
+
+
+def load_committed(pattern: str = "benchmarks/llamacpp/*.json") -> dict | None:
+    """The newest committed run (what chapters 7 and 9 render), or None when there is none. A relative
+    pattern is tried from the working directory, then from the repository this package sits in."""
+    from .results import load_results
+
+    found = [r for r in load_results(pattern) if "rows" in r and "ceilings" in r]
+    return found[-1] if found else None
+
+
+def run_of(results: dict, variant: str) -> dict | None:
+    """The entry of `variant` (e.g. "F32", "int8-compiled") in `results`, or None."""
+    return next((r for r in results["runs"] if r["variant"] == variant), None)
 
 
 # ---------------------------------------------------------------------------------------------------------
