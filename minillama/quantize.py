@@ -61,6 +61,12 @@ def dequantize_int8(codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
 def quantize_int4(w: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """`w` `[out, in]` -> codes 0..15 `[out, in]` (uint8, one per byte), scales and zeros `[out, in / group_size]`
     (in `w`'s dtype), with w ≈ (q - 8) · scale + zero per group."""
+    if w.dim() != 2 or group_size < 1 or w.shape[1] % group_size:
+        raise ValueError(
+            f"quantize_int4: groups of {group_size} do not split a weight of shape {tuple(w.shape)}: its "
+            f"{w.shape[-1]} inputs are not a multiple of {group_size}; pass a 2-D [out, in] weight and a "
+            "group_size that divides its inputs (one of 32, 64, 128, 256 that does, or keep this layer in bf16)"
+        )
     groups = rearrange(w.float(), "o (n g) -> o n g", g=group_size)
     lo, hi = groups.amin(dim=-1), groups.amax(dim=-1)
     scales = ((hi - lo) / 15).clamp_min(torch.finfo(w.dtype).tiny).to(w.dtype)

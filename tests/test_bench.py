@@ -134,6 +134,10 @@ def test_json_round_trip_and_plots(results, tmp_path):
         assert isinstance(fig, matplotlib.figure.Figure)
         # every panel labels its quantity; the bottom one (stacked panels share it) the x axis
         assert fig.axes[-1].get_xlabel() and all(ax.get_ylabel() for ax in fig.axes)
+        fig.canvas.draw()  # tick labels are formatted at draw time
+        ticks = [t.get_text() for ax in fig.axes for t in ax.get_xticklabels() + ax.get_yticklabels()]
+        # log axes print plain numbers: mathtext superscripts (10^2) are drawn at 0.7 of the font, too small
+        assert ticks and not any("$" in t for t in ticks), ticks
         matplotlib.pyplot.close(fig)
     assert (
         bench.default_path(results).name == f"{results['machine']['slug']}-{results['machine']['date']}.json"

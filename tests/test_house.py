@@ -577,3 +577,41 @@ def test_front_page_links_every_chapter_and_how_to_get_real_weights():
     assert "## Start here" in intro and "colab.research.google.com/github/" in intro
     for needed in ('ml.fetch("smollm2-135m")', "Llama 3.2 1B", "GGUF", "Ollama", "LM Studio"):
         assert needed in intro, f"the front page does not say how to get real weights: {needed!r} missing"
+
+
+# a role written inside a code span is not a role: ``{glue:text}`x` `` renders its own source, so the reader
+# sees "{glue:text}" instead of the number (CommonMark's code spans, as MyST parses them, find it)
+def _roles_in_code_spans(text: str) -> list[str]:
+    from markdown_it import MarkdownIt
+
+    found = []
+    for block in MarkdownIt("commonmark").parse(text):
+        for token in block.children or []:
+            if token.type == "code_inline" and re.search(r"\{[\w:.-]+\}", token.content):
+                found.append(token.content.strip())
+    return found
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("Peaks at {glue:text}`x:.1f` in {glue:text}`kind` rows.", []),
+        ("the worst row of the `{glue:text}`kind`` matrices", ["{glue:text}"]),
+        ("Cite {cite}`x` and write `code` and ``a `tick` ``.", []),
+        ("A role inside ``{math}`x` `` shows its source.", ["{math}`x`"]),
+    ],
+)
+def test_roles_in_code_spans_finds_what_it_should(text, expected):
+    assert _roles_in_code_spans(text) == expected
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.name)
+def test_no_role_is_written_inside_a_code_span(notebook):
+    problems = []
+    for i, cell in enumerate(json.loads(notebook.read_text())["cells"]):
+        if cell["cell_type"] == "markdown":
+            problems += [f"cell {i}: `{c}`" for c in _roles_in_code_spans("".join(cell["source"]))]
+    assert not problems, (
+        f"{notebook.name}: a role inside a code span renders as its source, not its value; "
+        "take it out of the backticks: " + "; ".join(problems)
+    )

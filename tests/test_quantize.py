@@ -238,6 +238,17 @@ def test_errors_name_the_problem():
         ml.accounting.linear_bytes(8, 100, "int4", 32)
 
 
+def test_quantize_int4_names_a_group_size_that_does_not_divide_the_inputs():
+    # SmolLM2's 1,536 x 576 feed-forward: 576 inputs split into groups of 64 but not of 128
+    w = torch.randn(1536, 576, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
+    with pytest.raises(ValueError, match=r"576 inputs are not a multiple of 128.*group_size that divides"):
+        quantize_int4(w, 128)
+    with pytest.raises(ValueError, match=r"shape \(576,\)"):
+        quantize_int4(w[0], 64)  # a single row is not an [out, in] weight
+    codes, scales, zeros = quantize_int4(w, 64)
+    assert codes.shape == (1536, 576) and scales.shape == zeros.shape == (1536, 576 // 64)
+
+
 @pytest.mark.parametrize("fmt,group_size", [("int8", None), ("int4", 64)])
 def test_torchao_backend_agrees_with_ours(fmt, group_size, tmp_path):
     pytest.importorskip("torchao")

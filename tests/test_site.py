@@ -66,9 +66,6 @@ FIGURES_PENDING = {
     "notebooks/04_attention",
     "notebooks/05_kv_cache",
     "notebooks/06_model",
-    "notebooks/07_decode",
-    "notebooks/08_compile",
-    "notebooks/09_quantization",
 }
 
 

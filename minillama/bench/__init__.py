@@ -29,7 +29,7 @@ from .ceilings import copy_bandwidth, matmul_flops, matvec_seconds, prefill_flop
 from .cli import main
 from .machine import machine_info
 from .models import build_model, hf_peer
-from .report import plot_results, table
+from .report import plain_log_ticks, plot_results, table
 from .results import (
     LOCAL,
     RESULTS,
@@ -68,6 +68,7 @@ __all__ = [
     "matmul_flops",
     "matvec_seconds",
     "merge_results",
+    "plain_log_ticks",
     "plot_results",
     "prefill_flops",
     "ratios",

@@ -106,7 +106,7 @@ def _plot_variants(ax, results: dict, runs: list[dict], b: int, roof: float) -> 
     ax.axvline(roof, color="k", ls="--", lw=1, label=f"roofline ({runs[0]['roofline']}) {roof:.0f} tok/s")
     if runs[0]["roofline"] == "matvec" and "copy_roofline_tok_s" in runs[0]:
         copy = runs[0]["copy_roofline_tok_s"]
-        ax.axvline(copy, color="gray", ls=":", lw=1, label=f"copy bandwidth {copy:.0f} tok/s")
+        ax.axvline(copy, color="0.35", ls="-.", lw=1.5, label=f"copy bandwidth {copy:.0f} tok/s")
     ax.set_xlabel("decode throughput (tokens/s)")
     ax.set_ylabel("variant")
     ax.set_xlim(0, max(values + [roof]) * 1.3)
@@ -144,6 +144,29 @@ _WATERFALL_LABELS = {
 }
 
 
+def plain_log_ticks(ax) -> None:
+    """Label a log axis 1, 2, 4 or 10, 100 in the figure's own font size, not as 2^0 or 10^2, whose
+    superscripts matplotlib draws at 0.7 of it (below the 9 px a phone reader is asked to read). A base-10
+    axis spanning less than two decades is labelled at 1, 2 and 5 times each power of ten. Call it after
+    the data are drawn (it reads the axis limits)."""
+    import math
+
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    for axis in (ax.xaxis, ax.yaxis):
+        if axis.get_scale() != "log":
+            continue
+        lo, hi = sorted(axis.get_view_interval())
+        if axis.get_transform().base == 10 and lo > 0 and math.log10(hi / lo) < 2:
+            axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.10g}"))
+        axis.set_minor_formatter(NullFormatter())
+
+
+_BATCH_COLORS = {"eager": "tab:blue", "static": "tab:orange", "compile": "tab:green",
+                 "compile-prefill": "tab:red", "generate": "tab:purple"}
+
+
 def _plot_batch(results, runs, ax):
     """Tokens/s (top) and ms per step (bottom) against batch size, one panel per row so that neither
     shrinks on a phone; minillama's variants solid, Hugging Face's dashed and marked "(HF)"."""
@@ -166,7 +189,10 @@ def _plot_batch(results, runs, ax):
         rs = sorted((r for r in runs if r["variant"] == v and "decode_tok_s" in r), key=lambda r: r["batch"])
         bs = [r["batch"] for r in rs]
         hf = rs[0]["impl"] == "hf"
-        style = dict(marker="s" if hf else "o", ms=3, ls="--" if hf else "-", label=v + (" (HF)" if hf else ""))
+        # one colour per technique, shared by minillama's variant and Hugging Face's counterpart (dashed)
+        color = _BATCH_COLORS.get(v.removeprefix("hf-") if hf and v != "hf" else ("eager" if hf else v))
+        style = dict(marker="s" if hf else "o", ms=4, ls="--" if hf else "-", color=color,
+                     label=v + (" (HF)" if hf else ""))
         ax.plot(bs, [r["decode_tok_s"] for r in rs], **style)
         if ax2 is not None:
             ax2.plot(bs, [r["decode_ms_per_token"] for r in rs], **style)
@@ -174,14 +200,17 @@ def _plot_batch(results, runs, ax):
     ax.plot([b for b, _ in roof], [t for _, t in roof], "k:", lw=1.5, label="roofline")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
+    plain_log_ticks(ax)
     ax.set_ylabel("decode tok/s")
-    if ax2 is None:  # stacked, the lower panel labels the shared batch axis
+    ax.set_title("tokens per second, all sequences")
+    if ax2 is None:  # one panel: it labels the batch axis and holds the legend
         ax.set_xlabel("batch size (sequences)")
-    if ax2 is not None:
+        ax.legend()
+    else:
         ax2.set_xscale("log", base=2)
+        plain_log_ticks(ax2)
         ax2.set_xlabel("batch size (sequences)")
         ax2.set_ylabel("ms per step")
-        ax2.legend(*ax.get_legend_handles_labels(), loc="upper center", bbox_to_anchor=(0.5, -0.3), ncol=2)
-    else:
-        ax.legend()
+        ax2.set_title("time of one step (all B rows)")
+        fig.legend(*ax.get_legend_handles_labels(), loc="outside lower center", ncol=2)
     return fig
