@@ -428,13 +428,13 @@ def table(results: dict) -> str:
     c = results["config"]
     lines = [
         f"{results['machine']['name']}: {c['threads']['llama_cpp']} threads, {c['new_tokens']} new tokens, "
-        f"prompt {c['prompt_len']}, {c['repeats']} interleaved repeats (medians)",
-        f"{'row':7} {'impl':10} {'variant':9} {'bits/w':>6} {'ms/tok':>7} {'tok/s':>6} {'GB/s':>5} {'agree':>5}",
+        f"prompt {c['prompt_len']}, {c.get('repeats_done', c['repeats'])} interleaved repeats (medians)",
+        f"{'row':7} {'impl':10} {'variant':14} {'bits/w':>6} {'ms/tok':>7} {'tok/s':>6} {'GB/s':>5} {'agree':>5}",
     ]
     for r in results["runs"]:
         agree = r.get("agrees_with_llama_cpp_f32", "")
         lines.append(
-            f"{r['row']:7} {r['impl']:10} {r['variant']:9} {r['bits_per_weight']:6.2f} "
+            f"{r['row']:7} {r['impl']:10} {r['variant']:14} {r['bits_per_weight']:6.2f} "
             f"{r['decode_ms_per_token']:7.2f} {r['decode_tok_s']:6.1f} {r['achieved_GBps']:5.1f} {agree:>5}"
         )
     ceil = results["ceilings"]
