@@ -21,7 +21,7 @@ from .accounting import (
 )
 from .attention import Attention
 from .cards import card, card_tabs, tensor_card
-from .checkpoint import load, load_args, save
+from .checkpoint import load, load_args, save, save_gguf
 from .compiled import compile_decode
 from .config import MODELS, ModelArgs
 from .decode import decode_one_token, prefill

@@ -16,7 +16,8 @@ Where things live, measuring apart from what is measured and from reporting:
 - `variants.py`: the variants, ONE named entry each in `variants.TABLE`;
 - `runner.py`: `run` — warm-ups timed apart, interleaved repeats, medians and roofline figures;
 - `results.py`: ratios, the headline, merging parts, JSON load/save; `report.py`: table and plots;
-- `cli.py` (and `__main__.py`): `python -m minillama bench`.
+- `cli.py` (and `__main__.py`): `python -m minillama bench`;
+- `llamacpp.py`: llama.cpp as the peer on the same weights written as GGUF (`bench --peer llamacpp`).
 
 Adding a variant (a quantised model, speculative decoding, tensor parallelism, ...): write a runner —
 an object with `compiled` and `run(tokens, rows, new_tokens, warm) -> variants.Timed` — and add one

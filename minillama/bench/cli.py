@@ -1,7 +1,8 @@
 """The command line of the benchmark: `python -m minillama bench` (or `python -m minillama.bench`)
 measures, prints the table and writes the JSON (chapters 7-8).
 
-Not here: anything it calls (`runner.py`, `report.py`, `results.py`).
+`--peer llamacpp` hands the command line to `llamacpp.py` (llama.cpp side by side, its own options).
+Not here: anything it calls (`runner.py`, `report.py`, `results.py`, `llamacpp.py`).
 """
 
 from __future__ import annotations
@@ -71,10 +72,22 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--no-save", action="store_true", help="print only, write no JSON")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
+    p.add_argument(
+        "--peer",
+        choices=("llamacpp",),
+        default=None,
+        help="instead: llama.cpp and minillama on the same weights in each format (F32 ... Q4_1); its "
+        "options: python -m minillama bench --peer llamacpp --help",
+    )
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if any(a == "--peer" or a.startswith("--peer=") for a in argv):  # another engine: its own options
+        from .llamacpp import main as peer_main
+
+        return peer_main(argv)
     parser = _parser()
     ns = parser.parse_args(argv)
     if ns.publish and ns.json:

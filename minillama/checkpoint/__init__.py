@@ -5,7 +5,7 @@ model-parallel rank, this package's parameter names), Hugging Face's (`config.js
 HF names, wq/wk rows permuted for its half-split rotary pairs) and llama.cpp's GGUF (one file: metadata,
 tokenizer and weights, often quantised, wq/wk in Meta's order). `load` detects the layout, translates
 the config, checks every name, shape and dtype before reading a weight, undoes HF's permutation (so one
-attention code path serves all three), dequantises GGUF tensors and merges Meta's shards; `save` writes Hugging Face's layout.
+attention code path serves all three), dequantises GGUF tensors and merges Meta's shards; `save` writes Hugging Face's layout, `save_gguf` llama.cpp's.
 
     model = ml.load("path/to/checkpoint", device="cuda", dtype=torch.bfloat16)
     ml.save(model, "out/")
@@ -15,7 +15,8 @@ Where things live:
 - `names.py`: HF <-> Meta parameter names and the q/k permutation;
 - `configs.py`: `config.json` / `params.json` <-> `ModelArgs`;
 - `check.py`, `read_hf.py`, `read_meta.py`, `read_gguf.py`, `load.py`: checking, reading and loading;
-- `save.py`: writing a Hugging Face checkpoint.
+- `save.py`: writing a Hugging Face checkpoint;
+- `write_gguf.py`: writing a GGUF file (F32, F16, BF16, Q8_0, Q4_0, Q4_1) that llama.cpp runs.
 """
 
 from .check import SUPPORTED_DTYPES
@@ -25,6 +26,7 @@ from .load import load
 from .names import hf_permute, hf_to_meta, hf_unpermute, meta_to_hf
 from .read_gguf import args_from_gguf, gguf_to_meta, open_gguf
 from .save import save
+from .write_gguf import GGUF_TYPES, save_gguf
 
 __all__ = [
     "HF_CONFIG",
@@ -47,4 +49,6 @@ __all__ = [
     "meta_to_hf",
     "open_gguf",
     "save",
+    "save_gguf",
+    "GGUF_TYPES",
 ]

@@ -1,0 +1,92 @@
+"""llama.cpp as the benchmark's peer (`minillama/bench/llamacpp.py`): without llama-cpp-python the command
+says how to install it; the row comparison is checked on hand-made numbers; with llama-cpp-python, one short
+run on a small model written as GGUF is checked for what the chapters read (no timing is asserted: a
+shared, noisy machine)."""
+
+import sys
+
+import pytest
+import torch
+from conftest import random_model
+from test_gguf import smol_path  # noqa: F401 (a fixture)
+from test_write_gguf import smol_shaped
+
+from minillama import save_gguf
+from minillama.bench import llamacpp
+from minillama.bench.cli import main
+
+
+def test_without_llama_cpp_the_command_says_how_to_install_it(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)  # import llama_cpp now raises ImportError
+    assert main(["--peer", "llamacpp", "--no-save"]) == 2
+    err = capsys.readouterr().err
+    assert "pip install 'minillama[llamacpp]'" in err and "llama-cpp-python==0.3.36" in err
+    assert err.count("\n") == 1
+
+
+def test_leading_agreement_counts_tokens_before_the_first_difference():
+    assert llamacpp.leading_agreement([5, 6, 7, 8], [5, 6, 9, 8]) == 2
+    assert llamacpp.leading_agreement([5, 6], [5, 6]) == 2
+    assert llamacpp.leading_agreement([1], [2]) == 0
+
+
+def run_entry(impl, variant, row, per_token_ms, tokens):
+    return {"impl": impl, "variant": variant, "row": row, "decode_tok_s": 1e3 / sorted(per_token_ms)[1],
+            "times_ms": {"decode_per_token": per_token_ms}, "tokens": tokens}  # fmt: skip
+
+
+def test_rows_pair_the_fastest_of_each_engine():
+    results = {
+        "config": {"rows": ["32-bit", "4-bit"]},
+        "runs": [
+            run_entry("llama.cpp", "F32", "32-bit", [20.0, 25.0, 30.0], [1, 2, 3]),
+            run_entry("minillama", "fp32", "32-bit", [80.0, 100.0, 60.0], [1, 2, 3]),
+            run_entry("minillama", "fp32-compiled", "32-bit", [40.0, 50.0, 45.0], [1, 2, 3]),
+            run_entry("llama.cpp", "Q4_0", "4-bit", [10.0, 10.0, 10.0], [1, 2, 3]),
+            run_entry("llama.cpp", "Q4_1", "4-bit", [8.0, 8.0, 8.0], [1, 9, 3]),
+            run_entry("minillama", "int4-g32", "4-bit", [10.0, 11.0, 12.0], [1, 9, 4]),
+        ],
+    }
+    rows = {r["row"]: r for r in llamacpp.compare(results)}
+    top = rows["32-bit"]
+    assert (top["minillama"], top["llama_cpp"]) == ("fp32-compiled", "F32")
+    assert top["ratio"] == pytest.approx(25 / 45)  # medians: 45 ms against 25 ms per token
+    assert top["ratio_paired"] == pytest.approx(25 / 50)  # repeat by repeat: 20/40, 25/50, 30/45
+    assert top["same_tokens"] and not top["met"]
+    four = rows["4-bit"]
+    assert (four["minillama"], four["llama_cpp"]) == ("int4-g32", "Q4_1")
+    assert four["ratio"] == pytest.approx(8 / 11) and four["met"]  # the 4-bit target is 0.7
+    assert not four["same_tokens"] and four["agreement"] == 2
+
+
+def test_a_short_run_against_llama_cpp(tmp_path, smol_path):  # noqa: F811
+    pytest.importorskip("llama_cpp", reason=llamacpp.INSTALL)
+    import gguf
+
+    vocab = len(gguf.GGUFReader(smol_path).fields["tokenizer.ggml.tokens"].data)
+    args = smol_shaped(vocab).replace(n_layers=2, dim=128, n_heads=4, n_kv_heads=2, hidden_dim=256)
+    model = random_model(args)
+    model.output.weight = model.tok_embeddings.weight
+    path = save_gguf(model, tmp_path / "small.gguf", tokenizer=smol_path)
+    seen, threads = [], torch.get_num_threads()
+    results = llamacpp.run(str(path), rows=("32-bit", "8-bit"), new_tokens=6, repeats=2, threads=1,
+                           gguf_dir=tmp_path, on_repeat=seen.append)  # fmt: skip
+    assert [r["config"]["repeats_done"] for r in seen] == [1, 2]
+    runs = {r["variant"]: r for r in results["runs"]}
+    assert set(runs) == {"F32", "fp32", "Q8_0", "int8"}
+    matrices = [w for n, w in model.state_dict().items() if w.dim() == 2 and n != "output.weight"]
+    weights = sum(w.numel() for w in matrices)  # the tied head is the embedding, read whole
+    assert runs["F32"]["weight_bytes_per_step"] == runs["fp32"]["weight_bytes_per_step"] == 4 * weights
+    assert runs["Q8_0"]["bits_per_weight"] == 8.5  # 34 bytes per block of 32
+    rows = sum(w.shape[0] for w in matrices)
+    assert runs["int8"]["weight_bytes_per_step"] == weights + 2 * rows  # codes + a bf16 scale per row
+    for r in runs.values():
+        assert len(r["tokens"]) == 6 and len(r["times_ms"]["decode_per_token"]) == 2
+        assert r["achieved_GBps"] == pytest.approx(r["weight_bytes_per_step"] / r["decode_ms_per_token"] / 1e6)
+    assert runs["fp32"]["agrees_with_llama_cpp_f32"] == 6  # the same float32 weights: the same greedy tokens
+    (top,) = [r for r in results["rows"] if r["row"] == "32-bit"]
+    assert top["same_tokens"] and top["ratio"] == pytest.approx(
+        runs["fp32"]["decode_tok_s"] / runs["F32"]["decode_tok_s"])  # fmt: skip
+    assert results["config"]["threads"] == {"torch": 1, "llama_cpp": 1}
+    assert results["ceilings"]["copy_GBps"] > 0 and set(results["ceilings"]["matvec_GBps"]) == {"fp32"}
+    assert torch.get_num_threads() == threads  # the run's thread count was the run's only
