@@ -106,7 +106,7 @@ def check_degree(args: ModelArgs, degree: int) -> None:
         divisors = [n for n in range(1, args.n_kv_heads + 1) if args.n_kv_heads % n == 0]
         raise ValueError(
             f"tensor-parallel degree {degree} does not divide n_kv_heads={args.n_kv_heads}: each rank must hold "
-            f"whole KV heads with their g = {args.n_rep} query heads; use a degree in {divisors}"
+            f"whole KV heads, each with the g = {args.n_rep} query heads that read it; use a degree in {divisors}"
         )
 
 
