@@ -34,7 +34,7 @@ def test_every_import_of_the_package_is_declared():
     lazily, for the chapters); numpy is declared because `ml.save`/`ml.load` go through safetensors.torch."""
     declared = _requirement_names(PROJECT["dependencies"])
     extra = set().union(*(_requirement_names(deps) for deps in PROJECT["optional-dependencies"].values()))
-    distribution = {"llama_models": "llama-models"}
+    distribution = {"llama_models": "llama-models", "llama_cpp": "llama-cpp-python"}
     notebook_only = {"matplotlib_inline", "IPython", "myst_nb"}  # present wherever a notebook runs
     imported = set()
     for path in (ROOT / "minillama").rglob("*.py"):
