@@ -138,15 +138,13 @@ class CompiledDecode:
         # `freezing` off, because compile_fx reads that setting outside the options' scope.
         # inference_mode: one grad mode for every call (a change would recompile), and freezing needs
         # gradients off
-        if signature in self._seen:
-            with self._settings(), torch.inference_mode():
-                return self._forward(token, pos)
         start = time.perf_counter()
         with self._settings(), torch.inference_mode():
             out = self._forward(token, pos)
-        self.compile_s += time.perf_counter() - start
-        self.compiles += 1
-        self._seen.add(signature)
+        if signature not in self._seen:  # this call compiled
+            self.compile_s += time.perf_counter() - start
+            self.compiles += 1
+            self._seen.add(signature)
         return out
 
     def __call__(self, model: Transformer, token: torch.Tensor, pos: torch.Tensor, **sampling):
