@@ -247,7 +247,8 @@ def _median_ms(fn, repeats: int) -> float:
 def demo(mesh: DeviceMesh, args: ModelArgs, seed: int = 0, new_tokens: int = 8, repeats: int = 20) -> dict:
     """On each rank: a random model of `args` made parallel over `mesh`, against the same model whole.
     Returns the rank's local shapes (block 0 and its cache), the largest logit differences (full
-    forward, prefill, cached decode), both greedy continuations, and the median times of one decode
+    forward, prefill, cached decode), both greedy continuations, both sampled ones with one seed on every
+    rank and the parallel one with a seed per rank (`seed + 1 + rank`), and the median times of one decode
     step (whole and parallel) and of one all-reduce of `[1, 1, d]` float32 on this process group."""
     from .generate import generate
     from .model import random_model
@@ -277,6 +278,13 @@ def demo(mesh: DeviceMesh, args: ModelArgs, seed: int = 0, new_tokens: int = 8, 
         out["greedy"] = [
             generate(m, [tokens[0].tolist()], max_new_tokens=new_tokens)[0] for m in (single, model)
         ]
+        # sampling at temperature 0.8: with the same seed on every rank (and on the whole model), and with
+        # a seed that differs between ranks, so that the ranks feed different tokens into the collectives
+        sample = {"max_new_tokens": new_tokens, "temperature": 0.8}
+        out["sampled"] = [generate(m, [tokens[0].tolist()], seed=seed + 1, **sample)[0] for m in (single, model)]
+        out["sampled_seed_per_rank"] = generate(
+            model, [tokens[0].tolist()], seed=seed + 1 + out["rank"], **sample
+        )[0]
         pos = torch.tensor(20)
         from torch.distributed.tensor.debug import CommDebugMode
 

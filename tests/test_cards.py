@@ -527,3 +527,12 @@ def test_cards_show_the_tied_head(key):
     kv = 2 * a.n_layers * a.n_kv_heads * a.head_dim * 2 * 1001
     assert whole.facts["decode_step_bytes"] == ml.count_parameters(a).total * 2 + kv
     assert [s.key for s in whole.sources if s.key.startswith("config")] == [f"config-{key[6:]}"]
+
+
+def test_card_footnote_says_computed_and_converts_gib():
+    # cold read (chapter 1): "checkpoint tensors are not counted" puzzled a reader who then saw the checkpoint
+    # checked; chapter 11 works in GB while cards print GiB: the footnote gives the conversion
+    note = card("model", B8, mode="decode", positions=1000).parameters.note
+    assert "no checkpoint is loaded" in note and "checkpoint tensors" not in note
+    gb = re.search(r"1 GiB = 2³⁰ bytes ≈ (\d\.\d{3}) GB", note)
+    assert gb and float(gb.group(1)) == round(1024**3 / 10**9, 3)

@@ -142,15 +142,23 @@ def _config_source(args: ModelArgs) -> list[Source]:
     return []
 
 
+# every card's byte figures are binary (format_bytes); chapters that work in GB (1e9) convert with this line
+UNITS_NOTE = "Bytes in binary units: 1 GiB = 2³⁰ bytes ≈ 1.074 GB (10⁹ bytes)."
+
+
 def _config_note(args: ModelArgs) -> str:
     if _config_source(args) and args.tie_embeddings:
         return (
             "Dimensions from Meta's pinned catalogue; the tied head and RoPE factor 32 from the published "
-            "Hugging Face config.json (tie_word_embeddings, rope_scaling.factor), which the catalogue omits."
+            "Hugging Face config.json (tie_word_embeddings, rope_scaling.factor), which the catalogue omits. "
+            + UNITS_NOTE
         )
     if _config_source(args):
-        return "Dimensions from Meta's pinned catalogue; checkpoint tensors are not counted here."
-    return "A configuration outside Meta's catalogue: every figure follows from the config given."
+        return (
+            "Dimensions from Meta's pinned catalogue; every count and size here is computed from them "
+            "(no checkpoint is loaded). " + UNITS_NOTE
+        )
+    return "A configuration outside Meta's catalogue: every figure follows from the config given. " + UNITS_NOTE
 
 
 def sources(args: ModelArgs, *keys: str) -> list[Source]:
