@@ -4,6 +4,7 @@ batching on one seeded Poisson workload, for the tiny model (random weights) and
 
     .venv/bin/python benchmarks/serving.py                      # -> benchmarks/serving/cpu.json
     .venv/bin/python benchmarks/serving.py --models tiny --out /tmp/x.json --threads 2
+    .venv/bin/python benchmarks/serving.py --budget-sweep 32,64,256   # adds the engine at three budgets
     DEVICE=cuda python benchmarks/serving.py --models llama-3.1-8b-shaped ...   # see gpu_h200.sh
 
 One thread and the process's CPU time by default: on a machine shared with other work, wall time
@@ -49,9 +50,14 @@ def main(argv=None) -> int:
     p.add_argument("--no-hf", action="store_true", help="skip transformers' continuous batching")
     p.add_argument("--n", type=int, help="requests (default per model)")
     p.add_argument("--rate", type=float, help="requests per second (default per model)")
+    p.add_argument("--budget-sweep", metavar="B,B,...",
+                   help="instead of the comparison: the engine alone at these tokens-per-step budgets, written "
+                   "into --out's existing JSON as models[name]['budget_sweep'] (one run of its own)")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     dtype = getattr(torch, args.dtype)
+    if args.budget_sweep:
+        return sweep(args, [int(b) for b in args.budget_sweep.split(",")])
     results = {
         "machine": machine_info(args.device),
         "threads": args.threads,
@@ -76,6 +82,23 @@ def main(argv=None) -> int:
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(results, indent=1) + "\n")
     print(f"wrote {args.out}")
+    return 0
+
+
+def sweep(args, budgets: list[int]) -> int:
+    """The budget sweep of every model, merged into the committed comparison's JSON."""
+    out = Path(args.out)
+    results = json.loads(out.read_text())
+    for name in args.models.split(","):
+        model = build(name, args.device, getattr(torch, args.dtype))
+        size = {**SIZES.get(name, {"n": 32, "rate": 8.0})}
+        print(f"== {name} budgets {budgets} ({size})", flush=True)
+        run = sb.budget_sweep(model, budgets, **size, wall=args.wall, log=lambda s: print(s, flush=True))
+        run["machine"] = machine_info(args.device)
+        results["models"][name]["budget_sweep"] = run
+        del model
+    out.write_text(json.dumps(results, indent=1) + "\n")
+    print(f"wrote {out}")
     return 0
 
 

@@ -314,3 +314,16 @@ def test_serving_bench_replays_one_workload_on_static_and_engine(model):
     summary = sb.summarize(served)
     assert summary["output_tokens"] == sum(r.max_tokens for r in work) and summary["tokens_per_s"] > 0
     assert all(s.times[0] >= s.arrival and s.times == sorted(s.times) for s in served)
+
+
+def test_serving_budget_sweep_runs_the_same_requests_at_each_budget(model):
+    from minillama.bench import serving as sb
+
+    kw = {"n": 4, "rate": 50.0, "prompt_lens": (10, 20), "output_lens": (2, 4), "shared_prefix": 8}
+    run = sb.budget_sweep(model, (4, 64), max_batch=2, block_size=4, log=lambda s: None, **kw)
+    work = sb.poisson_workload(4, 50.0, (10, 20), (2, 4), model.args.vocab_size, 0)
+    for name in ("mixed", "shared"):
+        small, large = run[name]["4"], run[name]["64"]
+        assert small["output_tokens"] == large["output_tokens"] == sum(r.max_tokens for r in work)
+        # a budget of 4 cuts every prompt into chunks: more steps than with the whole prompts at once
+        assert small["steps"] > large["steps"]

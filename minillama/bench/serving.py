@@ -310,3 +310,23 @@ def compare(model, hf=None, *, n: int = 24, rate: float = 2.0, prompt_lens=(16, 
     out["arrivals"] = [r.arrival for r in mixed]
     out["requests"] = [[len(r.prompt), r.max_tokens] for r in mixed]
     return out
+
+
+def budget_sweep(model, budgets=(32, 64, 256), *, n: int = 24, rate: float = 2.0, prompt_lens=(16, 64),
+                 output_lens=(8, 64), shared_prefix: int = 64, max_batch: int = 8, block_size: int = 16,
+                 seed: int = 0, wall: bool = False, log=print) -> dict:  # fmt: skip
+    """The engine alone at several `max_tokens_per_step` budgets, in one run, on `compare`'s two workloads
+    (the mixed one and the one behind a shared system prompt, prefix sharing off): how the time to first
+    token and the inter-token gaps move with the budget. Returns {"mixed"|"shared": {budget: summary}}."""
+    vocab = model.args.vocab_size
+    longest = max(prompt_lens) + shared_prefix + max(output_lens)
+    kw = {"max_batch": max_batch, "block_size": block_size, "num_blocks": max_batch * -(-longest // block_size)}
+    out: dict = {"budgets": list(budgets)}
+    for name, prefix in (("mixed", 0), ("shared", shared_prefix)):
+        workload = poisson_workload(n, rate, prompt_lens, output_lens, vocab, seed, shared_prefix=prefix)
+        out[name] = {}
+        for b in budgets:
+            served, stats = run_engine(model, workload, wall, prefix_sharing=False, max_tokens_per_step=b, **kw)
+            out[name][str(b)] = {**summarize(served), "steps": stats["steps"]}
+            log(f"{name} budget {b}: {out[name][str(b)]}")
+    return out
