@@ -328,3 +328,15 @@ def test_quantize_cpu_says_what_to_install_before_building_anything(tmp_path):
     assert "need torchao" in run.stderr and "pip install torchao==0.18.0" in run.stderr
     assert "--variants bf16,int8," in run.stderr and "torchao-int8" not in run.stderr.split("--variants")[-1]
     assert not list(tmp_path.rglob("*.json"))
+
+
+def test_phone_table_calls_a_cpu_bound_a_kernel_bound():
+    # chapter 7: on a CPU the bound is the step's own matrix-vector time, not a roofline of the bus
+    from minillama.bench.report import bound_name, phone_table
+
+    assert bound_name("matvec") == "kernel bound" and bound_name("copy") == "roofline"
+    cpu = next(r for r in bench.load_results() if r["machine"]["device"] == "cpu")
+    t = phone_table(cpu)
+    assert t.header[3] == "of kernel bound" and len(t.header) == 6
+    assert len(t.rows) == sum("generate_tok_s" in r and "error" not in r for r in cpu["runs"])
+    assert "% of kernel bound" in bench.table(cpu) and "% of roofline" not in bench.table(cpu)

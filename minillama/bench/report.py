@@ -10,12 +10,18 @@ from __future__ import annotations
 from .variants import WATERFALL
 
 
+def bound_name(kind: str) -> str:
+    """What a run's ceiling is called: on a CPU ("matvec") the step's own matrix-vector time, a kernel
+    bound rather than a roofline of the memory bus (chapter 7); elsewhere the roofline."""
+    return "kernel bound" if kind == "matvec" else "roofline"
+
+
 def line(rec: dict) -> str:
     parts = [f"batch {rec['batch']:>3} {rec['variant']:<24}"]
     if "decode_tok_s" in rec:
         parts.append(
             f"decode {rec['decode_tok_s']:9.1f} tok/s {rec['decode_ms_per_token']:8.2f} ms/token "
-            f"{rec['achieved_bytes_per_s'] / 1e9:7.1f} GB/s {100 * rec['roofline_fraction']:5.1f}% of roofline "
+            f"{rec['achieved_bytes_per_s'] / 1e9:7.1f} GB/s {100 * rec['roofline_fraction']:5.1f}% of {bound_name(rec['roofline'])} "
             f"{rec['step_over_matvec']:5.2f}x matvec"
         )
     parts.append(f"generate {rec['generate_tok_s']:9.1f} tok/s")
@@ -24,6 +30,27 @@ def line(rec: dict) -> str:
     if rec.get("compile_s") is not None:
         parts.append(f"compile {rec['compile_s']:.1f} s")
     return "  ".join(parts)
+
+
+def phone_table(results: dict):
+    """The runs of `results` as a narrow table (an HTML table in the book, so a 390 px phone
+    shows every column; aligned text in a terminal), captioned with the run's model and machine."""
+    from ..notebook import table as narrow
+
+    m, c = results["machine"], results["config"]
+    rows = []
+    for rec in results["runs"]:
+        if "error" in rec or "generate_tok_s" not in rec:
+            continue
+        decode = f"{rec['decode_tok_s']:.1f}" if "decode_tok_s" in rec else ""  # `generate`: end to end only
+        bound = f"{rec['roofline_fraction']:.0%}" if "roofline_fraction" in rec else ""
+        prefill = f"{rec['prefill_ms']:.2f}" if "prefill_ms" in rec else ""
+        rows.append([str(rec["batch"]), rec["variant"], decode, bound, f"{rec['generate_tok_s']:.1f}", prefill])
+    kinds = {rec.get("roofline") for rec in results["runs"] if "roofline" in rec}
+    name = bound_name(kinds.pop()) if len(kinds) == 1 else "bound"
+    caption = (f"{c['model']} {c['dtype']}, prompt {c['prompt_len']} + {c['new_tokens']} new tokens, "
+               f"median of {c['repeats']}; {m['name']}")
+    return narrow(["B", "variant", "decode tok/s", f"of {name}", "generate tok/s", "prefill ms"], rows, caption)
 
 
 def table(results: dict) -> str:
@@ -51,7 +78,7 @@ def table(results: dict) -> str:
         if rec:
             lines.append(
                 f"batch {b:>3} ceilings: matvec {rec['matvec_ms']:.2f} ms/step ({b / rec['matvec_ms'] * 1e3:.1f} tok/s), "
-                f"{rec['bytes_per_step'] / 1e6:.1f} MB/step, roofline ({rec['roofline']}) {rec['roofline_tok_s']:.1f} tok/s"
+                f"{rec['bytes_per_step'] / 1e6:.1f} MB/step, {bound_name(rec['roofline'])} ({rec['roofline']}) {rec['roofline_tok_s']:.1f} tok/s"
             )
     head = results.get("headline")
     if head and "ratio" in head:
@@ -103,7 +130,7 @@ def _plot_variants(ax, results: dict, runs: list[dict], b: int, roof: float) -> 
     ax.invert_yaxis()
     for i, v in enumerate(values):
         ax.text(v, i, f" {v:.0f} ({100 * v / roof:.0f}%)", va="center")
-    ax.axvline(roof, color="k", ls="--", lw=1, label=f"roofline ({runs[0]['roofline']}) {roof:.0f} tok/s")
+    ax.axvline(roof, color="k", ls="--", lw=1, label=f"{bound_name(runs[0]['roofline'])} ({runs[0]['roofline']}) {roof:.0f} tok/s")
     if runs[0]["roofline"] == "matvec" and "copy_roofline_tok_s" in runs[0]:
         copy = runs[0]["copy_roofline_tok_s"]
         ax.axvline(copy, color="0.35", ls="-.", lw=1.5, label=f"copy bandwidth {copy:.0f} tok/s")
@@ -127,7 +154,7 @@ def _plot_waterfall(ax, results: dict, runs: list[dict], b: int, roof: float) ->
         ax.bar(i, val - prev if i else val, bottom=prev if i else 0, color=color)
         ax.text(i, max(val, prev), f"{val:.0f}", ha="center", va="bottom")
         prev = val
-    ax.axhline(roof, color="k", ls="--", lw=1, label=f"roofline ({runs[0]['roofline']}) {roof:.0f} tok/s")
+    ax.axhline(roof, color="k", ls="--", lw=1, label=f"{bound_name(runs[0]['roofline'])} ({runs[0]['roofline']}) {roof:.0f} tok/s")
     ax.set_xticks(range(len(steps)), [_WATERFALL_LABELS[v] for v in steps])
     ax.set_xlabel("optimisation, each added to the one before")
     ax.set_ylabel("decode throughput (tokens/s)")
@@ -197,7 +224,7 @@ def _plot_batch(results, runs, ax):
         if ax2 is not None:
             ax2.plot(bs, [r["decode_ms_per_token"] for r in rs], **style)
     roof = sorted({r["batch"]: r["roofline_tok_s"] for r in runs}.items())
-    ax.plot([b for b, _ in roof], [t for _, t in roof], "k:", lw=1.5, label="roofline")
+    ax.plot([b for b, _ in roof], [t for _, t in roof], "k:", lw=1.5, label=bound_name(runs[0]["roofline"]))
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     plain_log_ticks(ax)
