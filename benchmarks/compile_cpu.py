@@ -47,6 +47,8 @@ VARIANTS = {
     "cpp": dict(CPU_OPTIONS),
     "cpp-wrapper": {**CPU_OPTIONS, "cpp_wrapper": True},
     "cpp-only": {**CPU_OPTIONS, "max_autotune_gemm_backends": "CPP"},
+    "cpp-only-wrapper": {**CPU_OPTIONS, "max_autotune_gemm_backends": "CPP", "cpp_wrapper": True},
+    "frozen": {"freezing": True},  # no autotuning: frozen linears go to oneDNN (16-bit) or MKL (fp32)
 }
 # what runs by default: every variant in fp32, the settings chapter 8 ships in the other formats
 PLAN = {

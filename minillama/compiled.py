@@ -9,7 +9,8 @@ GEMV, behind `F.linear`) reads a large fp32 matrix well below a plain copy's ban
 
 - `max_autotune` with `max_autotune_gemm_backends="CPP,ATEN"`: each matrix product is timed once at
   compile time as Inductor's C++ GEMM template (a generated, register-blocked kernel) and as ATen's
-  call, and the faster one is kept;
+  call, and the faster one is kept; for float32 weights the template alone (`CPU_FLOAT32_OPTIONS`,
+  why: beside it);
 - `freezing`: the weights become constants of the compiled graph, so the template can repack each
   one, once, into the blocked layout its kernel streams through (the model's own tensors stay as they
   are; the packed copies take as much memory again);
@@ -41,7 +42,7 @@ import torch
 from .model import Transformer
 from .sampling import sample
 
-__all__ = ["CPU_OPTIONS", "CompiledDecode", "compile_decode", "options_for"]
+__all__ = ["CPU_FLOAT32_OPTIONS", "CPU_OPTIONS", "CompiledDecode", "compile_decode", "options_for"]
 
 # the settings of issue 24's first measurement (the 49,152 x 576 head at about 3x MKL's GEMV bandwidth);
 # benchmarks/compile_cpu.py measures them on SmolLM2-135M against eager, the defaults and "CPP" alone
@@ -50,6 +51,12 @@ CPU_OPTIONS: dict = {
     "max_autotune_gemm_backends": "CPP,ATEN",
     "freezing": True,
 }
+# float32 weights: the template alone. With ATen among the candidates, freezing first rewrites every
+# float32 linear to MKL's packed GEMM (`mkl._mkl_linear`), and autotuning keeps MKL for the large
+# matrices although, streamed from DRAM as a decode step reads them, the template reads the
+# 49,152 x 576 head at about 1.6x MKL's bandwidth on the AMD EPYC of benchmarks/results (MKL runs its
+# generic code path on a non-Intel CPU); bf16 keeps ATen, whose oneDNN linear wins the head there
+CPU_FLOAT32_OPTIONS: dict = {**CPU_OPTIONS, "max_autotune_gemm_backends": "CPP"}
 # on an accelerator Inductor's default (Triton kernels, no autotuning) is the step chapter 8 measures
 ACCELERATOR_OPTIONS: dict = {}
 
@@ -67,9 +74,20 @@ class _Steps(dict):
         return (_Steps, ())
 
 
-def options_for(device: torch.device | str) -> dict:
-    """The Inductor options `compile_decode` uses by default on `device` (a copy: change it freely)."""
-    return dict(CPU_OPTIONS if torch.device(device).type == "cpu" else ACCELERATOR_OPTIONS)
+def options_for(device: torch.device | str, dtype: torch.dtype | None = None) -> dict:
+    """The Inductor options `compile_decode` uses by default on `device` for a model whose floating
+    weights are `dtype` (a copy: change it freely): on a CPU `CPU_FLOAT32_OPTIONS` for float32,
+    `CPU_OPTIONS` otherwise; on an accelerator `ACCELERATOR_OPTIONS`."""
+    if torch.device(device).type != "cpu":
+        return dict(ACCELERATOR_OPTIONS)
+    return dict(CPU_FLOAT32_OPTIONS if dtype == torch.float32 else CPU_OPTIONS)
+
+
+def _default_options(model: Transformer) -> dict:
+    """`options_for` the model's device and the dtype of its embedding (which `ml.quantize` leaves
+    floating: the bf16 of an int8 or int4 model)."""
+    weight = model.tok_embeddings.weight
+    return options_for(weight.device, weight.dtype)
 
 
 def _fingerprint(model: Transformer) -> tuple:
@@ -101,7 +119,7 @@ class CompiledDecode:
         if not isinstance(model, Transformer):
             raise ValueError(f"compile_decode takes a minillama Transformer; got {type(model).__name__}")
         self.model = model
-        self.options = dict(options_for(model.output.weight.device) if options is None else options)
+        self.options = dict(_default_options(model) if options is None else options)
         self.fingerprint = _fingerprint(model)
         self.compile_s = 0.0
         self.compiles = 0
@@ -166,8 +184,8 @@ class CompiledDecode:
 def compile_decode(model: Transformer, options: Mapping | None = None) -> CompiledDecode:
     """The compiled decode step of `model`, built on first use and cached on the model.
 
-    `options`: Inductor options for this compilation only (default `options_for(device)`: on a CPU,
-    `CPU_OPTIONS`, the C++ GEMM template with frozen weights). The same model and options return the
+    `options`: Inductor options for this compilation only (default `options_for(device, dtype)`: on a
+    CPU, the C++ GEMM template with frozen weights, `CPU_FLOAT32_OPTIONS` or `CPU_OPTIONS`). The same model and options return the
     same step, so a second `generate(..., compile=True)` does not compile again, unless the model's
     weights changed since (then the step is compiled afresh). Compilation itself happens at the
     step's first call (`step.compile_s` says how long it took)."""
@@ -177,7 +195,7 @@ def compile_decode(model: Transformer, options: Mapping | None = None) -> Compil
         raise ValueError(
             f"options must be a dict of torch._inductor.config settings (or None); got {type(options).__name__}"
         )
-    resolved = dict(options_for(model.output.weight.device) if options is None else options)
+    resolved = dict(_default_options(model) if options is None else options)
     key = repr(sorted(resolved.items()))
     steps = model.__dict__.setdefault(_ATTR, _Steps())
     step = steps.get(key)

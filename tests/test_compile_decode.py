@@ -11,7 +11,7 @@ from torch._dynamo.utils import counters
 import minillama as ml
 from minillama.__main__ import _timing
 from minillama.__main__ import main as cli_main
-from minillama.compiled import CPU_OPTIONS, CompiledDecode, compile_decode
+from minillama.compiled import CPU_FLOAT32_OPTIONS, CPU_OPTIONS, CompiledDecode, compile_decode
 from minillama.model import random_model
 
 # tiny's shape with two blocks and a smaller vocabulary: every matrix kind of the real model, quick to tune
@@ -31,12 +31,16 @@ def _model(fmt: str):
 
 @pytest.fixture(scope="module", params=["fp32", "bf16", "int8", "int4"])
 def compiled(request):
-    """(format, model, eager tokens, compiled tokens, graphs compiled by that first compiled call)."""
+    """(format, model, eager tokens, compiled tokens, graphs compiled by that first compiled call,
+    the code it generated)."""
+    from torch._inductor.utils import run_and_get_code
+
     model = _model(request.param)
     eager = [ml.generate(model, [p], max_new_tokens=NEW) for p in PROMPTS]
     before = counters["stats"]["unique_graphs"]
-    first = ml.generate(model, [PROMPTS[0]], max_new_tokens=NEW, compile=True)
-    return request.param, model, eager, first, counters["stats"]["unique_graphs"] - before
+    first, sources = run_and_get_code(ml.generate, model, [PROMPTS[0]], max_new_tokens=NEW, compile=True)
+    graphs = counters["stats"]["unique_graphs"] - before
+    return request.param, model, eager, first, graphs, "\n".join(sources)
 
 
 @torch.inference_mode()
@@ -57,7 +61,7 @@ def test_same_greedy_tokens_as_eager(compiled):
     compiled kernels sum in another order than eager's, so the logits differ by bf16 rounding; the
     tokens must agree up to the first step where eager's two best logits lie within that rounding
     (a tie either may break), and the teacher-forced logits within it everywhere."""
-    fmt, model, eager, first, graphs = compiled
+    fmt, model, eager, first, graphs, _ = compiled
     assert graphs == 1, f"{fmt}: the first compiled generate compiled {graphs} graphs, not 1"
     second = ml.generate(model, [PROMPTS[1]], max_new_tokens=NEW, compile=True)
     if fmt == "fp32":
@@ -79,7 +83,7 @@ def test_same_greedy_tokens_as_eager(compiled):
 
 
 def test_no_recompile_as_positions_advance_and_the_step_is_reused(compiled):
-    fmt, model, eager, first, _ = compiled
+    fmt, model, eager, first, _, _ = compiled
     step = compile_decode(model)
     assert step is compile_decode(model), "the same model and options must give the cached step"
     compiles, seconds = step.compiles, step.compile_s
@@ -94,6 +98,23 @@ def test_no_recompile_as_positions_advance_and_the_step_is_reused(compiled):
     assert counters["stats"]["unique_graphs"] == graphs, f"{fmt}: a later generate compiled again"
     assert counters["recompiles"] == recompiles
     assert (step.compiles, step.compile_s) == (compiles, seconds)
+
+
+def test_float32_uses_the_template_alone(compiled):
+    """The default settings per format: float32 weights get the C++ GEMM template alone. With ATen among
+    the candidates, freezing turns each float32 linear into MKL's packed GEMM (`mkl._mkl_linear`),
+    which autotuning kept for the large matrices although it streams them at about a third of the
+    template's bandwidth on the machine of benchmarks/results/compile-cpu.json."""
+    fmt, model, _, _, _, code = compiled
+    step = compile_decode(model)
+    if fmt == "fp32":
+        assert step.options == CPU_FLOAT32_OPTIONS
+        assert step.options["max_autotune_gemm_backends"] == "CPP"
+        assert "mkl_linear" not in code, "a float32 linear went to MKL's packed GEMM"
+    else:
+        assert step.options == CPU_OPTIONS
+    # every format's matrix products run as the template's micro-kernels (one per shape at least)
+    assert code.count("micro_gemm") >= 4, f"{fmt}: no C++ GEMM template in the compiled step"
 
 
 def test_the_settings_stay_scoped():
