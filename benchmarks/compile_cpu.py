@@ -6,10 +6,12 @@ on the bf16 model. Batch 1, greedy. For each format these decode steps, all in o
 
   eager        `decode_one_token` (the layers call MKL's GEMV / the int8 and int4 ATen kernels)
   compile      `torch.compile(fullgraph=True)` with Inductor's defaults (options {})
-  cpp          `ml.compile_decode`'s CPU settings (`minillama.compiled.CPU_OPTIONS`): max_autotune with
-               the C++ GEMM template and ATen as candidates, frozen weights
+  cpp          `minillama.compiled.CPU_OPTIONS`: max_autotune with the C++ GEMM template and ATen as
+               candidates, frozen weights (`ml.compile_decode`'s default for bf16, int8 and int4)
   cpp-wrapper  the same plus `cpp_wrapper=True` (the step's Python wrapper generated as C++)
-  cpp-only     the template alone (`max_autotune_gemm_backends="CPP"`): nothing to time while compiling
+  cpp-only     the template alone (`max_autotune_gemm_backends="CPP"`, `CPU_FLOAT32_OPTIONS`:
+               `ml.compile_decode`'s default for fp32); cpp-only-wrapper: with `cpp_wrapper=True`
+  frozen       frozen weights without autotuning (fp32 linears go to MKL's packed GEMM, 16-bit to oneDNN)
 
 Each variant is compiled once (its compile time recorded), then timed in interleaved rounds (a shared
 CPU is noisy: every round runs each variant in turn; the medians over rounds, and the ratios within
@@ -36,7 +38,7 @@ from torch import nn
 
 import minillama as ml
 from minillama.bench import copy_bandwidth, machine_info
-from minillama.compiled import CPU_OPTIONS, compile_decode
+from minillama.compiled import CPU_FLOAT32_OPTIONS, CPU_OPTIONS, compile_decode, options_for
 from minillama.decode import decode_one_token, prefill
 from minillama.quantize import Int4Linear, Int8Linear
 
@@ -46,16 +48,17 @@ VARIANTS = {
     "compile": {},
     "cpp": dict(CPU_OPTIONS),
     "cpp-wrapper": {**CPU_OPTIONS, "cpp_wrapper": True},
-    "cpp-only": {**CPU_OPTIONS, "max_autotune_gemm_backends": "CPP"},
+    "cpp-only": dict(CPU_FLOAT32_OPTIONS),
     "cpp-only-wrapper": {**CPU_OPTIONS, "max_autotune_gemm_backends": "CPP", "cpp_wrapper": True},
-    "frozen": {"freezing": True},  # no autotuning: frozen linears go to oneDNN (16-bit) or MKL (fp32)
+    "frozen": {"freezing": True},
 }
-# what runs by default: every variant in fp32, the settings chapter 8 ships in the other formats
+# what runs by default: in fp32 the defaults, both candidate sets, in the other formats the settings
+# ml.compile_decode ships (cpp) and the template alone
 PLAN = {
-    "fp32": ("eager", "compile", "cpp-only", "cpp"),
-    "bf16": ("eager", "cpp-only"),
-    "int8": ("eager", "cpp-only"),
-    "int4": ("eager", "cpp-only"),
+    "fp32": ("eager", "compile", "cpp", "cpp-only"),
+    "bf16": ("eager", "cpp", "cpp-only"),
+    "int8": ("eager", "cpp", "cpp-only"),
+    "int4": ("eager", "cpp", "cpp-only"),
 }
 PROMPT = "The three primary colours are"
 
@@ -108,7 +111,8 @@ def decode(model, step, ids, tokens):
 
 
 def head_bandwidth(dtype, compiled: bool, steps: int = 20) -> float:
-    """Bytes per second of x @ W.T for a 49,152 x 576 matrix (SmolLM2's head shape), random weights."""
+    """Bytes per second of x @ W.T for a 49,152 x 576 matrix (SmolLM2's head shape), random weights,
+    eager or compiled with `ml.compile_decode`'s default settings for `dtype`."""
     g = torch.Generator().manual_seed(0)
     head = nn.Linear(576, 49152, bias=False).to(dtype).requires_grad_(False)
     with torch.no_grad():
@@ -117,7 +121,7 @@ def head_bandwidth(dtype, compiled: bool, steps: int = 20) -> float:
     fn = torch.compile(head, fullgraph=True, dynamic=False) if compiled else head
     times = []
     # torch.compile(options=...) would leave freezing off (see minillama.compiled): patch the config
-    with torch._inductor.config.patch(CPU_OPTIONS if compiled else {}), torch.inference_mode():
+    with torch._inductor.config.patch(options_for("cpu", dtype) if compiled else {}), torch.inference_mode():
         for _ in range(3):
             fn(x)
         for _ in range(steps):
