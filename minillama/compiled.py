@@ -54,8 +54,8 @@ CPU_OPTIONS: dict = {
 # float32 weights: the template alone. With ATen among the candidates, freezing first rewrites every
 # float32 linear to MKL's packed GEMM (`mkl._mkl_linear`), and autotuning keeps MKL for the large
 # matrices although, streamed from DRAM as a decode step reads them, the template reads the
-# 49,152 x 576 head at about 1.6x MKL's bandwidth on the AMD EPYC of benchmarks/results (MKL runs its
-# generic code path on a non-Intel CPU); bf16 keeps ATen, whose oneDNN linear wins the head there
+# 49,152 x 576 head at about 1.6x MKL's bandwidth, and the whole fp32 step in half the time, on the AMD
+# EPYC of benchmarks/results/compile-cpu.json; bf16 keeps ATen, whose oneDNN linear wins the head there
 CPU_FLOAT32_OPTIONS: dict = {**CPU_OPTIONS, "max_autotune_gemm_backends": "CPP"}
 # on an accelerator Inductor's default (Triton kernels, no autotuning) is the step chapter 8 measures
 ACCELERATOR_OPTIONS: dict = {}

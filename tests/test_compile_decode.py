@@ -103,8 +103,8 @@ def test_no_recompile_as_positions_advance_and_the_step_is_reused(compiled):
 def test_float32_uses_the_template_alone(compiled):
     """The default settings per format: float32 weights get the C++ GEMM template alone. With ATen among
     the candidates, freezing turns each float32 linear into MKL's packed GEMM (`mkl._mkl_linear`),
-    which autotuning kept for the large matrices although it streams them at about a third of the
-    template's bandwidth on the machine of benchmarks/results/compile-cpu.json."""
+    which autotuning kept for the large matrices although the whole fp32 step then takes about twice
+    the template's time on the machine of benchmarks/results/compile-cpu.json."""
     fmt, model, _, _, _, code = compiled
     step = compile_decode(model)
     if fmt == "fp32":
