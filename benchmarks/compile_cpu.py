@@ -49,7 +49,7 @@ VARIANTS = {
     "cpp": dict(CPU_OPTIONS),
     "cpp-wrapper": {**CPU_OPTIONS, "cpp_wrapper": True},
     "cpp-only": dict(CPU_FLOAT32_OPTIONS),
-    "cpp-only-wrapper": {**CPU_OPTIONS, "max_autotune_gemm_backends": "CPP", "cpp_wrapper": True},
+    "cpp-only-wrapper": {**CPU_FLOAT32_OPTIONS, "cpp_wrapper": True},
     "frozen": {"freezing": True},
 }
 # what runs by default: in fp32 the defaults, both candidate sets, in the other formats the settings
