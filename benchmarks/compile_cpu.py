@@ -7,11 +7,12 @@ on the bf16 model. Batch 1, greedy. For each format these decode steps, all in o
   eager        `decode_one_token` (the layers call MKL's GEMV / the int8 and int4 ATen kernels)
   compile      `torch.compile(fullgraph=True)` with Inductor's defaults (options {})
   cpp          `minillama.compiled.CPU_OPTIONS`: max_autotune with the C++ GEMM template and ATen as
-               candidates, frozen weights (`ml.compile_decode`'s default for bf16, int8 and int4)
+               candidates, frozen weights (`ml.compile_decode`'s default for int8 and int4)
   cpp-wrapper  the same plus `cpp_wrapper=True` (the step's Python wrapper generated as C++)
   cpp-only     the template alone (`max_autotune_gemm_backends="CPP"`, `CPU_FLOAT32_OPTIONS`:
                `ml.compile_decode`'s default for fp32); cpp-only-wrapper: with `cpp_wrapper=True`
-  frozen       frozen weights without autotuning (fp32 linears go to MKL's packed GEMM, 16-bit to oneDNN)
+  frozen       frozen weights without autotuning (fp32 linears go to MKL's packed GEMM, bf16 to oneDNN):
+               `CPU_BF16_OPTIONS`, `ml.compile_decode`'s default for bf16
 
 Each variant is compiled once (its compile time recorded), then timed in interleaved rounds (a shared
 CPU is noisy: every round runs each variant in turn; the medians over rounds, and the ratios within
@@ -38,7 +39,13 @@ from torch import nn
 
 import minillama as ml
 from minillama.bench import copy_bandwidth, machine_info
-from minillama.compiled import CPU_FLOAT32_OPTIONS, CPU_OPTIONS, compile_decode, options_for
+from minillama.compiled import (
+    CPU_BF16_OPTIONS,
+    CPU_FLOAT32_OPTIONS,
+    CPU_OPTIONS,
+    compile_decode,
+    options_for,
+)
 from minillama.decode import decode_one_token, prefill
 from minillama.quantize import Int4Linear, Int8Linear
 
@@ -50,13 +57,14 @@ VARIANTS = {
     "cpp-wrapper": {**CPU_OPTIONS, "cpp_wrapper": True},
     "cpp-only": dict(CPU_FLOAT32_OPTIONS),
     "cpp-only-wrapper": {**CPU_FLOAT32_OPTIONS, "cpp_wrapper": True},
-    "frozen": {"freezing": True},
+    "frozen": dict(CPU_BF16_OPTIONS),
 }
-# what runs by default: in fp32 the defaults, both candidate sets, in the other formats the settings
-# ml.compile_decode ships (cpp) and the template alone
+# what runs by default: in fp32 the defaults, both candidate sets and the template alone; in bf16 both
+# candidate sets and ATen's kernels alone (frozen); in int8 and int4 ml.compile_decode's settings (cpp)
+# and the template alone
 PLAN = {
     "fp32": ("eager", "compile", "cpp", "cpp-only"),
-    "bf16": ("eager", "cpp", "cpp-only"),
+    "bf16": ("eager", "cpp", "frozen"),
     "int8": ("eager", "cpp", "cpp-only"),
     "int4": ("eager", "cpp", "cpp-only"),
 }
@@ -143,7 +151,9 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default=None, help="default: benchmarks/local/compile-cpu.json")
     parser.add_argument("--publish", action="store_true", help="write benchmarks/results/compile-cpu.json")
     parser.add_argument(
-        "--append", action="store_true", help="add these formats to the output file's (a run per format group)"
+        "--append",
+        action="store_true",
+        help="add these formats to the output file's (a run per format group)",
     )
     opts = parser.parse_args(argv)
     formats = opts.formats.split(",")

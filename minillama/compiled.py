@@ -9,8 +9,9 @@ GEMV, behind `F.linear`) reads a large fp32 matrix well below a plain copy's ban
 
 - `max_autotune` with `max_autotune_gemm_backends="CPP,ATEN"`: each matrix product is timed once at
   compile time as Inductor's C++ GEMM template (a generated, register-blocked kernel) and as ATen's
-  call, and the faster one is kept; for float32 weights the template alone (`CPU_FLOAT32_OPTIONS`,
-  why: beside it);
+  call, and the faster one is kept (`CPU_OPTIONS`, for int8 and int4 weights); for float32 weights the
+  template alone (`CPU_FLOAT32_OPTIONS`), and for bfloat16 weights no timing and ATen's oneDNN linear
+  alone (`CPU_BF16_OPTIONS`): why, beside each;
 - `freezing`: the weights become constants of the compiled graph, so the template can repack each
   one, once, into the blocked layout its kernel streams through (the model's own tensors stay as they
   are; the packed copies take as much memory again);
@@ -42,7 +43,14 @@ import torch
 from .model import Transformer
 from .sampling import sample
 
-__all__ = ["CPU_FLOAT32_OPTIONS", "CPU_OPTIONS", "CompiledDecode", "compile_decode", "options_for"]
+__all__ = [
+    "CPU_BF16_OPTIONS",
+    "CPU_FLOAT32_OPTIONS",
+    "CPU_OPTIONS",
+    "CompiledDecode",
+    "compile_decode",
+    "options_for",
+]
 
 # the settings of issue 24's first measurement (the 49,152 x 576 head at about 3x MKL's GEMV bandwidth);
 # benchmarks/compile_cpu.py measures them on SmolLM2-135M against eager, the defaults and "CPP" alone
@@ -55,8 +63,13 @@ CPU_OPTIONS: dict = {
 # float32 linear to MKL's packed GEMM (`mkl._mkl_linear`), and autotuning keeps MKL for the large
 # matrices although, streamed from DRAM as a decode step reads them, the template reads the
 # 49,152 x 576 head at about 1.6x MKL's bandwidth, and the whole fp32 step in half the time, on the AMD
-# EPYC of benchmarks/results/compile-cpu.json; bf16 keeps ATen, whose oneDNN linear wins the head there
+# EPYC of benchmarks/results/compile-cpu.json
 CPU_FLOAT32_OPTIONS: dict = {**CPU_OPTIONS, "max_autotune_gemm_backends": "CPP"}
+# bfloat16 weights: frozen, no timing. Freezing packs each bf16 linear for oneDNN; the template's bf16
+# micro-kernel reads the 576-wide matrices of SmolLM2-135M's blocks slower, yet wins the compile-time
+# timing (each matrix timed on its own, hot in cache) for them, so "CPP,ATEN" made the slower step
+# (benchmarks/compile_cpu.py's bf16 "cpp" and "frozen" rows)
+CPU_BF16_OPTIONS: dict = {"freezing": True}
 # on an accelerator Inductor's default (Triton kernels, no autotuning) is the step chapter 8 measures
 ACCELERATOR_OPTIONS: dict = {}
 
@@ -74,20 +87,27 @@ class _Steps(dict):
         return (_Steps, ())
 
 
-def options_for(device: torch.device | str, dtype: torch.dtype | None = None) -> dict:
+def options_for(
+    device: torch.device | str, dtype: torch.dtype | None = None, quantized: bool = False
+) -> dict:
     """The Inductor options `compile_decode` uses by default on `device` for a model whose floating
-    weights are `dtype` (a copy: change it freely): on a CPU `CPU_FLOAT32_OPTIONS` for float32,
-    `CPU_OPTIONS` otherwise; on an accelerator `ACCELERATOR_OPTIONS`."""
+    weights are `dtype` and whose matrices are int8 or int4 if `quantized` (a copy: change it freely):
+    on a CPU `CPU_OPTIONS` for a quantised model, `CPU_FLOAT32_OPTIONS` for float32, `CPU_BF16_OPTIONS`
+    for bfloat16 and `CPU_OPTIONS` otherwise; on an accelerator `ACCELERATOR_OPTIONS`."""
     if torch.device(device).type != "cpu":
         return dict(ACCELERATOR_OPTIONS)
-    return dict(CPU_FLOAT32_OPTIONS if dtype == torch.float32 else CPU_OPTIONS)
+    if quantized:
+        return dict(CPU_OPTIONS)
+    if dtype == torch.float32:
+        return dict(CPU_FLOAT32_OPTIONS)
+    return dict(CPU_BF16_OPTIONS if dtype == torch.bfloat16 else CPU_OPTIONS)
 
 
 def _default_options(model: Transformer) -> dict:
-    """`options_for` the model's device and the dtype of its embedding (which `ml.quantize` leaves
-    floating: the bf16 of an int8 or int4 model)."""
+    """`options_for` the model's device, the dtype of its embedding (which `ml.quantize` leaves
+    floating: the bf16 of an int8 or int4 model) and whether `ml.quantize` changed it."""
     weight = model.tok_embeddings.weight
-    return options_for(weight.device, weight.dtype)
+    return options_for(weight.device, weight.dtype, quantized=bool(getattr(model, "quantization", None)))
 
 
 def _fingerprint(model: Transformer) -> tuple:
@@ -185,7 +205,7 @@ def compile_decode(model: Transformer, options: Mapping | None = None) -> Compil
     """The compiled decode step of `model`, built on first use and cached on the model.
 
     `options`: Inductor options for this compilation only (default `options_for(device, dtype)`: on a
-    CPU, the C++ GEMM template with frozen weights, `CPU_FLOAT32_OPTIONS` or `CPU_OPTIONS`). The same model and options return the
+    CPU, frozen weights, with the C++ GEMM template: `CPU_FLOAT32_OPTIONS`, `CPU_BF16_OPTIONS` or `CPU_OPTIONS`). The same model and options return the
     same step, so a second `generate(..., compile=True)` does not compile again, unless the model's
     weights changed since (then the step is compiled afresh). Compilation itself happens at the
     step's first call (`step.compile_s` says how long it took)."""

@@ -11,7 +11,13 @@ from torch._dynamo.utils import counters
 import minillama as ml
 from minillama.__main__ import _timing
 from minillama.__main__ import main as cli_main
-from minillama.compiled import CPU_FLOAT32_OPTIONS, CPU_OPTIONS, CompiledDecode, compile_decode
+from minillama.compiled import (
+    CPU_BF16_OPTIONS,
+    CPU_FLOAT32_OPTIONS,
+    CPU_OPTIONS,
+    CompiledDecode,
+    compile_decode,
+)
 from minillama.model import random_model
 
 # tiny's shape with two blocks and a smaller vocabulary: every matrix kind of the real model, quick to tune
@@ -100,20 +106,29 @@ def test_no_recompile_as_positions_advance_and_the_step_is_reused(compiled):
     assert (step.compiles, step.compile_s) == (compiles, seconds)
 
 
-def test_float32_uses_the_template_alone(compiled):
-    """The default settings per format: float32 weights get the C++ GEMM template alone. With ATen among
-    the candidates, freezing turns each float32 linear into MKL's packed GEMM (`mkl._mkl_linear`),
-    which autotuning kept for the large matrices although the whole fp32 step then takes about twice
-    the template's time on the machine of benchmarks/results/compile-cpu.json."""
+def test_each_format_gets_its_kernels(compiled):
+    """The default settings per format. float32 weights get the C++ GEMM template alone: with ATen among
+    the candidates, freezing turns each float32 linear into MKL's packed GEMM (`mkl._mkl_linear`), which
+    autotuning kept for the large matrices although the whole fp32 step then takes about twice the
+    template's time. bfloat16 weights get oneDNN's linear alone (`mkldnn._linear_pointwise`), no
+    template: the template's bf16 kernel made the slower step. int8 and int4 get the timing of the
+    template against ATen's kernels (machine: benchmarks/results/compile-cpu.json)."""
     fmt, model, _, _, _, code = compiled
     step = compile_decode(model)
     if fmt == "fp32":
         assert step.options == CPU_FLOAT32_OPTIONS
         assert step.options["max_autotune_gemm_backends"] == "CPP"
         assert "mkl_linear" not in code, "a float32 linear went to MKL's packed GEMM"
+    elif fmt == "bf16":
+        assert step.options == CPU_BF16_OPTIONS
+        assert "micro_gemm" not in code, "a bf16 matrix product went to the C++ GEMM template"
+        # q, k, v, o, gate, up, down in each of the 2 blocks, and the head
+        linears = code.count("mkldnn._linear_pointwise")
+        assert linears >= 7 * ARGS.n_layers + 1, f"{linears} oneDNN linears in the bf16 step"
+        return
     else:
         assert step.options == CPU_OPTIONS
-    # every format's matrix products run as the template's micro-kernels (one per shape at least)
+    # fp32, int8 and int4: the template's micro-kernels (one per shape at least)
     assert code.count("micro_gemm") >= 4, f"{fmt}: no C++ GEMM template in the compiled step"
 
 
