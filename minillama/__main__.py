@@ -551,8 +551,8 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument(
         "--compile",
         action="store_true",
-        help="decode with the compiled step (ml.compile_decode; on a CPU Inductor's C++ GEMM template with "
-        "frozen weights, chapter 8): the first decode step compiles, the timing line reports it apart",
+        help="decode with the compiled step (ml.compile_decode; on a CPU frozen weights with Inductor's C++ "
+        "GEMM template or oneDNN, chapter 8): the first decode step compiles, the timing line reports it apart",
     )
     g.add_argument("--quiet", action="store_true", help="no progress bar while loading")
     g.add_argument(

@@ -176,7 +176,8 @@ def generate(
     replaces `decode_one_token`, e.g. with `torch.compile(decode_one_token, fullgraph=True)` (chapter 8).
 
     `compile=True` decodes with the model's compiled step (`minillama.compiled.compile_decode`: on a
-    CPU, Inductor's C++ GEMM template with frozen weights, the settings chapter 8 measures), compiled
+    CPU, frozen weights with Inductor's C++ GEMM template or oneDNN per weight format, the settings
+    chapter 8 measures), compiled
     on the first call and cached on the model, so later calls reuse it (until the weights change);
     `compile=` a dict passes those Inductor options instead. The prefill stays eager. The first call
     pays the compilation (`ml.compile_decode(model).compile_s` says how long); nothing recompiles as

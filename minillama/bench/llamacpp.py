@@ -13,8 +13,8 @@ weights in its own formats. Each row of the comparison pairs one width of weight
   8-bit    Q8_0 (int8, f16 scale per 32)     int8 (`ml.quantize`: one scale per output channel)
   4-bit    Q4_0, Q4_1 (per 32)               int4-g32 (`ml.quantize`: scale and zero per 32)
 
-and with `compiled` each minillama variant also runs `ml.compile_decode`'s step (chapter 8: Inductor's C++
-GEMM template on frozen weights), named `<variant>-compiled`.
+and with `compiled` each minillama variant also runs `ml.compile_decode`'s step (chapter 8: frozen weights,
+Inductor's C++ GEMM template or oneDNN per format), named `<variant>-compiled`.
 
 Every runner generates `new_tokens` tokens greedily (argmax, no stop token) from the same prompt ids, with
 the same thread count, one prompt at a time: prefill, then one decode step per token. The runs are
