@@ -377,7 +377,7 @@ _ENTRIES = [
         "Hugging Face rotates half-split pairs (channel i with i + head_dim/2): cos/sin tables repeat the "
         "frequencies twice, rotate_half and apply_rotary_pos_emb.",
         "src/transformers/models/llama/modeling_llama.py",
-        ((110, 116), (119, 123), (126, 149)),
+        ((110, 116), (119, 123), (126, 127), (145, 149)),  # apply_rotary_pos_emb without its docstring
     ),
     _hf(
         "hf-rope-scaling",
