@@ -25,19 +25,19 @@ def test_a_busy_run_fails_and_names_the_factor():
     # 14x the committed step, as chapter 7's stored "live" row was
     check = check_live(_results(step_ms=70.0, matvec_ms=10.0), [_results()])
     assert not check.ok and check.worst == pytest.approx(14.0)
-    assert "too busy" in check.reason and "14 times as long" in check.reason
+    assert "too busy" in check.reason and "14.0 times as long" in check.reason
 
 
 def test_another_cpu_is_not_called_busy():
     # a different CPU 3x slower is not evidence of load: the reason says the check cannot tell which
     check = check_live(_results(step_ms=20.0, matvec_ms=16.0, name="B"), [_results()])
     assert not check.ok and "too busy" not in check.reason
-    assert "not the committed run's CPU" in check.reason and "4 times as long" in check.reason
+    assert "not the committed run's CPU" in check.reason and "4.0 times as long" in check.reason
 
 
 def test_a_run_much_faster_than_committed_fails_too():
     check = check_live(_results(step_ms=1.0, matvec_ms=1.0), [_results()])
-    assert not check.ok and "1/5 of the time" in check.reason
+    assert not check.ok and "1/5.0 of the time" in check.reason
 
 
 def test_the_reference_is_of_the_same_kind_and_newest():
