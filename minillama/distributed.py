@@ -234,22 +234,30 @@ def init(degree: int | None = None, timeout: float = 600.0) -> DeviceMesh:
 # -- what chapter 11 runs on each rank --------------------------------------------------------------
 
 
-def _median_ms(fn, repeats: int) -> float:
-    fn()  # warm-up: DTensor caches its sharding decisions on the first call
+def _times_ms(fn, repeats: int) -> list[float]:
+    """`repeats` timings of `fn` in ms, fastest first, after one warm-up call (DTensor caches its sharding
+    decisions on the first call)."""
+    fn()
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
         fn()
         times.append(time.perf_counter() - start)
-    return sorted(times)[len(times) // 2] * 1e3
+    return sorted(1e3 * t for t in times)
+
+
+def _median_ms(fn, repeats: int) -> float:
+    times = _times_ms(fn, repeats)
+    return times[len(times) // 2]
 
 
 def demo(mesh: DeviceMesh, args: ModelArgs, seed: int = 0, new_tokens: int = 8, repeats: int = 20) -> dict:
     """On each rank: a random model of `args` made parallel over `mesh`, against the same model whole.
     Returns the rank's local shapes (block 0 and its cache), the largest logit differences (full
     forward, prefill, cached decode), both greedy continuations, both sampled ones with one seed on every
-    rank and the parallel one with a seed per rank (`seed + 1 + rank`), and the median times of one decode
-    step (whole and parallel) and of one all-reduce of `[1, 1, d]` float32 on this process group."""
+    rank and the parallel one with a seed per rank (`seed + 1 + rank`), the median and the fastest times of
+    one decode step (whole and parallel), the median time of one all-reduce of `[1, 1, d]` float32 on this
+    process group, and the number of threads the rank's torch runs on."""
     from .generate import generate
     from .model import random_model
 
@@ -291,10 +299,13 @@ def demo(mesh: DeviceMesh, args: ModelArgs, seed: int = 0, new_tokens: int = 8, 
         with CommDebugMode() as comm:  # the collectives DTensor issues in one decode step
             model(tokens[:, :1], start_pos=pos)
         out["collectives"] = {str(op).split(".")[-1]: n for op, n in comm.get_comm_counts().items()}
-        out["step_ms"] = {
-            "whole model, this process": _median_ms(lambda: single(tokens[:, :1], start_pos=pos), repeats),
-            "tensor-parallel": _median_ms(lambda: model(tokens[:, :1], start_pos=pos), repeats),
+        steps = {
+            "whole model, this process": _times_ms(lambda: single(tokens[:, :1], start_pos=pos), repeats),
+            "tensor-parallel": _times_ms(lambda: model(tokens[:, :1], start_pos=pos), repeats),
         }
+        out["step_ms"] = {name: times[len(times) // 2] for name, times in steps.items()}
+        out["step_fastest_ms"] = {name: times[0] for name, times in steps.items()}
+    out["threads"] = torch.get_num_threads()
     x = torch.ones(1, 1, args.dim)
     out["all_reduce_ms"] = _median_ms(lambda: dist.all_reduce(x), 5 * repeats)
     return out
@@ -304,13 +315,14 @@ def checkpoint_demo(mesh: DeviceMesh, path: str, prompt: list[int], new_tokens: 
     """On each rank: the checkpoint at `path` (Meta's or Hugging Face's layout) loaded tensor-parallel over
     `mesh` in float32, each rank reading only its own slices (`load(path, mesh=mesh)`). Returns the rank's
     local shapes of block 0, the full logits after `prompt` (a list of v floats, joined by the head's all-gather), the
-    greedy continuation of `new_tokens` tokens, and the seconds it took. Every rank runs the same calls."""
+    greedy continuation of `new_tokens` tokens, the seconds it took, and the number of threads the rank's
+    torch runs on. Every rank runs the same calls."""
     from .checkpoint import load
     from .generate import generate
 
     model = load(path, dtype=torch.float32, progress=False, mesh=mesh)
     block = model.layers[0]
-    out: dict = {"rank": mesh.get_local_rank()}
+    out: dict = {"rank": mesh.get_local_rank(), "threads": torch.get_num_threads()}
     out["shapes"] = {
         name: tuple(p.to_local().shape if hasattr(p, "to_local") else p.shape)
         for name, p in block.named_parameters()

@@ -285,6 +285,7 @@ def test_checkpoint_demo_matches_the_whole_model(ranks):
         assert demo["rank"] == rank and len(demo["logits"]) == META_ARGS.vocab_size
         assert (torch.tensor(demo["logits"]) - want).abs().max().item() <= 1e-5
         assert demo["greedy"] == greedy
+        assert demo["threads"] == 1  # spawn gives each rank one thread: N ranks share the cores
         assert demo["shapes"]["attention.wq.weight"] == (
             META_ARGS.n_heads * META_ARGS.head_dim // WORLD,
             META_ARGS.dim,
