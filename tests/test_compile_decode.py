@@ -111,7 +111,8 @@ def test_each_format_gets_its_kernels(compiled):
     the candidates, freezing turns each float32 linear into MKL's packed GEMM (`mkl._mkl_linear`), which
     autotuning kept for the large matrices although the whole fp32 step then takes about twice the
     template's time. bfloat16 weights get oneDNN's linear alone (`mkldnn._linear_pointwise`), no
-    template: the template's bf16 kernel made the slower step. int8 and int4 get the timing of the
+    template: the template's bf16 kernel made the slower step (on a CPU without bf16 instructions
+    freezing leaves them to ATen's matmul). int8 and int4 get the timing of the
     template against ATen's kernels (machine: benchmarks/results/compile-cpu.json)."""
     fmt, model, _, _, _, code = compiled
     step = compile_decode(model)
@@ -122,12 +123,21 @@ def test_each_format_gets_its_kernels(compiled):
     elif fmt == "bf16":
         assert step.options == CPU_BF16_OPTIONS
         assert "micro_gemm" not in code, "a bf16 matrix product went to the C++ GEMM template"
-        # q, k, v, o, gate, up, down in each of the 2 blocks, and the head
-        linears = code.count("mkldnn._linear_pointwise")
-        assert linears >= 7 * ARGS.n_layers + 1, f"{linears} oneDNN linears in the bf16 step"
+        # q, k, v, o, gate, up, down in each of the 2 blocks, and the head: oneDNN's linear, or on a CPU
+        # without bf16 instructions (an AVX2-only CPU; oneDNN then has no bf16 kernel) ATen's matmul
+        oneDNN = torch.ops.mkldnn._is_mkldnn_bf16_supported()
+        kernel = "mkldnn._linear_pointwise" if oneDNN else "extern_kernels.mm"
+        linears = code.count(kernel)
+        assert linears >= 7 * ARGS.n_layers + 1, f"{linears} x {kernel} in the bf16 step"
         return
     else:
         assert step.options == CPU_OPTIONS
+    if fmt == "int4" and not torch.backends.cpu.get_cpu_capability().startswith("AVX512"):
+        # the template's int4 micro-kernels need AVX-512 or AMX (torch 2.13,
+        # torch/_inductor/codegen/cpp_micro_gemm.py: CppMicroGemmWoQInt4Avx512, CppMicroGemmWoQInt4Amx):
+        # on an AVX2 CPU ATen's int4 kernel is the only candidate
+        assert "_weight_int4pack_mm_for_cpu" in code and "micro_gemm" not in code
+        return
     # fp32, int8 and int4: the template's micro-kernels (one per shape at least)
     assert code.count("micro_gemm") >= 4, f"{fmt}: no C++ GEMM template in the compiled step"
 
