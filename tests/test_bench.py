@@ -165,6 +165,8 @@ def test_command_line_writes_json(tmp_path, capsys):
     assert bench.main([*argv, "--variants", "eager", "--no-ceilings", "--quiet", "--json", str(path)]) == 0
     r = json.loads(path.read_text())
     assert r["config"]["variants"] == ["eager"] and r["machine"]["cpu"]
+    # the CPU's vector instructions: "AMD EPYC" names CPUs with AVX-512 and without (their kernels differ)
+    assert r["machine"]["cpu_isa"] in {"DEFAULT", "AVX2", "AVX512", "VSX", "ZVECTOR", "SVE256", "NO AVX"}
     assert "tok/s" in capsys.readouterr().out
 
 

@@ -90,3 +90,5 @@ def test_a_short_run_against_llama_cpp(tmp_path, smol_path):  # noqa: F811
     assert results["config"]["threads"] == {"torch": 1, "llama_cpp": 1}
     assert results["ceilings"]["copy_GBps"] > 0 and set(results["ceilings"]["matvec_GBps"]) == {"fp32"}
     assert torch.get_num_threads() == threads  # the run's thread count was the run's only
+    # the table's first line names the CPU's vector instructions (AVX2 and AVX-512 EPYCs share a name)
+    assert f"({results['machine']['cpu_isa']})" in llamacpp.table(results).splitlines()[0]

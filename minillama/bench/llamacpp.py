@@ -423,11 +423,16 @@ def run_of(results: dict, variant: str) -> dict | None:
 # the command line
 
 
+def _isa(machine: dict) -> str:
+    """" (AVX2)": the CPU's vector instructions, where the run recorded them (runs before 2026-12-03 did not)."""
+    return f" ({machine['cpu_isa']})" if machine.get("cpu_isa") else ""
+
+
 def table(results: dict) -> str:
     """The runs, one line each, and the row ratios."""
     c = results["config"]
     lines = [
-        f"{results['machine']['name']}: {c['threads']['llama_cpp']} threads, {c['new_tokens']} new tokens, "
+        f"{results['machine']['name']}{_isa(results['machine'])}: {c['threads']['llama_cpp']} threads, {c['new_tokens']} new tokens, "
         f"prompt {c['prompt_len']}, {c.get('repeats_done', c['repeats'])} interleaved repeats (medians)",
         f"{'row':7} {'impl':10} {'variant':14} {'bits/w':>6} {'ms/tok':>7} {'tok/s':>6} {'GB/s':>5} {'agree':>5}",
     ]

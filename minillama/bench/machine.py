@@ -53,6 +53,9 @@ def machine_info(device: torch.device | str = "cpu") -> dict:
         "slug": _slug(gpu or f"{_cpu_name()} {n_cores}c"),
         "device": device.type,
         "cpu": _cpu_name(),
+        # the vector instructions PyTorch's CPU kernels use here: the same model name ("AMD EPYC") covers
+        # CPUs with AVX-512 and without, whose bf16 and int4 kernels differ (chapter 8)
+        "cpu_isa": torch.backends.cpu.get_cpu_capability(),
         "cores": n_cores,
         "threads": torch.get_num_threads(),
         "gpu": gpu,
