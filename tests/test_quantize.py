@@ -110,6 +110,23 @@ def test_quantised_logits_stay_near_the_16_bit_ones(fmt, group_size):
     assert err < (0.03 if fmt == "int8" else 0.4), err
 
 
+def _parted_only_at_near_ties(model, eager_out, compiled_out, tol=2e-2):
+    """Greedy bf16 tokens of two kernel choices may part where two random-weight logits almost tie (the
+    compiled int8 step rounds differently on an AVX2 CPU than on an AVX-512 one): where a sequence parts,
+    the two chosen tokens' logits must be within `tol` of the largest logit, by a full eager forward."""
+    parted = 0
+    for prompt, e, c in zip(PROMPTS, eager_out, compiled_out, strict=True):
+        j = next((i for i, (a, b) in enumerate(zip(e, c, strict=True)) if a != b), None)
+        if j is None:
+            continue
+        parted += 1
+        with torch.no_grad():
+            logits = model(torch.tensor([prompt + e[:j]]))[0, -1].float()
+        gap = (logits[e[j]] - logits[c[j]]).abs().item()
+        assert gap <= tol * logits.abs().max().item(), (prompt, j, e[j], c[j], gap)
+    assert parted <= 1, f"{parted} of {len(PROMPTS)} sequences parted: more than rounding at a near tie"
+
+
 def test_compiled_int8_equals_eager_and_never_recompiles():
     # bf16 activations: Inductor runs the int8 layers as _weight_int8pack_mm; the step is one graph
     import torch._dynamo
@@ -127,7 +144,7 @@ def test_compiled_int8_equals_eager_and_never_recompiles():
     step = torch.compile(decode_one_token, backend=backend, fullgraph=True)
     eager_out = ml.generate(model, PROMPTS, max_new_tokens=6)
     compiled_out = ml.generate(model, PROMPTS, max_new_tokens=6, decode_step=step)
-    assert compiled_out == eager_out
+    _parted_only_at_near_ties(model, eager_out, compiled_out)
     assert len(compiles) == 1
     model.reset_cache()
     sampling = {"temperature": 0.0, "top_k": None, "top_p": 1.0, "generator": None}  # as generate passes them
