@@ -273,6 +273,21 @@ def test_every_exercise_has_a_solution_and_a_check(notebook):
 
 
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.name)
+def test_nbval_markers_are_ones_nbval_reads(notebook):
+    """nbval acts on a comment line only when the whole comment is a marker: "# NBVAL_IGNORE_OUTPUT (why)"
+    is silently ignored, so the cell's varying output was compared after all (ch2's ablation glue failed on
+    an AVX2 CPU by a last digit). Put the reason on a line of its own."""
+    markers = {"NBVAL_IGNORE_OUTPUT", "NBVAL_CHECK_OUTPUT", "NBVAL_RAISES_EXCEPTION", "NBVAL_SKIP"}
+    bad = []
+    for i, cell in enumerate(_cells(notebook)):
+        for line in "".join(cell["source"]).splitlines():
+            comment = line.strip().lstrip("#").strip() if line.strip().startswith("#") else ""
+            if "NBVAL_" in comment and comment not in markers:
+                bad.append(f"cell {i}: {line.strip()!r}")
+    assert not bad, f"{notebook.name}: comment lines nbval will not read as markers: {bad}"
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.name)
 def test_no_output_is_a_bare_boolean(notebook):
     found = []
     for i, cell in enumerate(_cells(notebook)):
