@@ -126,7 +126,10 @@ def test_how_to_read_example_numbers():
     for number in (dim * dim, dim * n_kv_heads * hd, per_block, per_block * n_layers):
         assert f"{number:,}" in page, f"{number:,} missing from the worked example"
     assert kv_per_token == 128 * 1024 and "128 KiB per token" in page
-    assert f"{kv_per_token * 1001 / 2**20:.1f} MiB" in page
+    # the cache after the call is pasted from chapter 1, which computes it: its stored value must be this one
+    assert "{glue:text}`../notebooks/01_parameter_accounting.ipynb::ch1_cache_mib:.1f` MiB" in page
+    stored = _stored_glue(ROOT / "notebooks" / "01_parameter_accounting.ipynb")["ch1_cache_mib"]["text/plain"]
+    assert f"{float(''.join(stored)):.1f}" == f"{kv_per_token * 1001 / 2**20:.1f}"
     assert f"{kv_per_token * 131072 // 2**30} GiB" in page
 
 
