@@ -67,8 +67,9 @@ CPU_OPTIONS: dict = {
 CPU_FLOAT32_OPTIONS: dict = {**CPU_OPTIONS, "max_autotune_gemm_backends": "CPP"}
 # bfloat16 weights: frozen, no timing. Freezing packs each bf16 linear for oneDNN; the template's bf16
 # micro-kernel reads the 576-wide matrices of SmolLM2-135M's blocks slower, yet wins the compile-time
-# timing for them (likely because each matrix is timed on its own, in cache), so "CPP,ATEN" made the slower step
-# (benchmarks/compile_cpu.py's bf16 "cpp" and "frozen" rows)
+# timing for them (likely because each matrix is timed on its own, in cache), so "CPP,ATEN" made the slower
+# step by the medians and in 4 of 5 paired rounds, though not in all of them, and compiled in about twice
+# the time (benchmarks/compile_cpu.py's bf16 "cpp" and "frozen" rows; chapter 8 prints the rounds)
 CPU_BF16_OPTIONS: dict = {"freezing": True}
 # on an accelerator Inductor's default (Triton kernels, no autotuning) is the step chapter 8 measures
 ACCELERATOR_OPTIONS: dict = {}
