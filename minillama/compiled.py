@@ -69,7 +69,9 @@ CPU_FLOAT32_OPTIONS: dict = {**CPU_OPTIONS, "max_autotune_gemm_backends": "CPP"}
 # micro-kernel reads the 576-wide matrices of SmolLM2-135M's blocks slower, yet wins the compile-time
 # timing for them (likely because each matrix is timed on its own, in cache), so "CPP,ATEN" made the slower
 # step by the medians and in 4 of 5 paired rounds, though not in all of them, and compiled in about twice
-# the time (benchmarks/compile_cpu.py's bf16 "cpp" and "frozen" rows; chapter 8 prints the rounds)
+# the time (benchmarks/compile_cpu.py's bf16 "cpp" and "frozen" rows; chapter 8 prints the rounds), all
+# on an AVX-512 CPU. On an AVX2-only CPU oneDNN has no bf16 kernel and freezing leaves each linear to ATen's
+# matmul; whether "CPP,ATEN" does better there is not yet measured
 CPU_BF16_OPTIONS: dict = {"freezing": True}
 # on an accelerator Inductor's default (Triton kernels, no autotuning) is the step chapter 8 measures
 ACCELERATOR_OPTIONS: dict = {}
