@@ -92,3 +92,80 @@ def test_a_short_run_against_llama_cpp(tmp_path, smol_path):  # noqa: F811
     assert torch.get_num_threads() == threads  # the run's thread count was the run's only
     # the table's first line names the CPU's vector instructions (AVX2 and AVX-512 EPYCs share a name)
     assert f"({results['machine']['cpu_isa']})" in llamacpp.table(results).splitlines()[0]
+
+
+# A stand-in for llama-cpp-python that crashes (SIGSEGV) while loading a model with llama.cpp's extra weight
+# buffers on, as llama-cpp-python 0.3.36 did on Q8_0 and Q4_0 on an Intel Xeon with AMX, and works without them.
+FAKE_LLAMA_CPP = {
+    "__init__.py": '''
+import ctypes, os, signal
+from . import llama_cpp as _api
+_logits = (ctypes.c_float * 8)(0, 0, 0, 5, 0, 0, 0, 0)  # the argmax is token 3
+
+def llama_get_logits_ith(ctx, i):
+    return ctypes.cast(_logits, ctypes.POINTER(ctypes.c_float))
+
+class Llama:
+    def __init__(self, path, **kwargs):
+        if _api.llama_model_default_params().use_extra_bufts:
+            os.kill(os.getpid(), signal.SIGSEGV)
+        self.ctx = None
+    def n_vocab(self): return 8
+    def reset(self): pass
+    def eval(self, tokens): pass
+''',
+    "llama_cpp.py": '''
+import types
+def llama_model_default_params():
+    return types.SimpleNamespace(use_extra_bufts=True)
+''',
+}
+
+
+@pytest.fixture
+def crashing_llama_cpp(tmp_path, monkeypatch):
+    package = tmp_path / "fake" / "llama_cpp"
+    package.mkdir(parents=True)
+    for name, text in FAKE_LLAMA_CPP.items():
+        (package / name).write_text(text)
+    monkeypatch.setenv("PYTHONPATH", str(package.parent))  # the probe's child imports this one
+    return tmp_path / "model-Q8_0.gguf"
+
+
+def test_a_llama_cpp_crash_is_caught_and_the_file_runs_without_extra_buffers(crashing_llama_cpp):
+    said = []
+    extra, why = llamacpp.usable_extra_bufts(crashing_llama_cpp, 1, [1, 2, 3], said.append)
+    assert extra is False
+    assert "killed by signal 11" in why and "without them" in why
+    assert said and "model-Q8_0.gguf" in said[0] and "trying without them" in said[0]
+
+
+def test_a_file_llama_cpp_cannot_run_at_all_is_a_clear_error(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))  # no llama_cpp there; the child may still find one
+    monkeypatch.setattr(llamacpp, "probe", lambda path, threads, prompt, extra_bufts: f"exit status 1 ({extra_bufts})")
+    with pytest.raises(RuntimeError, match=r"cannot run m\.gguf on this machine .*exit status 1 \(True\).*"
+                       r"exit status 1 \(False\).*--rows"):  # fmt: skip
+        llamacpp.usable_extra_bufts(tmp_path / "m.gguf", 1, [1], lambda line: None)
+
+
+def test_the_probe_reports_a_child_that_fails(tmp_path, monkeypatch):
+    (tmp_path / "llama_cpp").mkdir()
+    (tmp_path / "llama_cpp" / "__init__.py").write_text("raise ImportError('no llama.cpp here')\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    failed = llamacpp.probe(tmp_path / "m.gguf", 1, [1, 2], extra_bufts=True)
+    assert failed.startswith("exit status 1: ImportError") and "pip install 'minillama[llamacpp]'" in failed
+
+
+def test_extra_buffer_types_changes_the_defaults_only_inside_the_block(crashing_llama_cpp, monkeypatch):
+    monkeypatch.syspath_prepend(str(crashing_llama_cpp.parent / "fake"))
+    for name in ("llama_cpp", "llama_cpp.llama_cpp"):
+        monkeypatch.setitem(sys.modules, name, None)  # what was there comes back after the test
+        del sys.modules[name]
+    import llama_cpp.llama_cpp as api
+
+    with llamacpp.extra_buffer_types(False):
+        assert api.llama_model_default_params().use_extra_bufts is False
+    assert api.llama_model_default_params().use_extra_bufts is True
+    with llamacpp.extra_buffer_types(True):
+        assert api.llama_model_default_params().use_extra_bufts is True

@@ -36,6 +36,7 @@ import importlib.metadata
 import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -105,17 +106,88 @@ def llama_cpp_greedy(llm, prompt: list[int], new_tokens: int) -> tuple[list[int]
     return out, (prefilled - start, time.perf_counter() - prefilled)
 
 
+@contextlib.contextmanager
+def extra_buffer_types(enabled: bool):
+    """llama.cpp's "extra" weight buffers (the CPU backend's repacked and AMX layouts: `use_extra_bufts` in
+    `llama_model_params`, on by default) while a `llama_cpp.Llama` is made inside this block. llama-cpp-python's
+    `Llama` has no argument for it, so with `enabled=False` the defaults it starts from are changed for the
+    duration of the block."""
+    if enabled:
+        yield
+        return
+    import llama_cpp.llama_cpp as api  # the module whose `llama_model_default_params` `Llama.__init__` calls
+
+    defaults = api.llama_model_default_params
+
+    def without_extra():
+        params = defaults()
+        params.use_extra_bufts = False
+        return params
+
+    api.llama_model_default_params = without_extra
+    try:
+        yield
+    finally:
+        api.llama_model_default_params = defaults
+
+
+def probe(path: Path, threads: int, prompt: list[int], extra_bufts: bool, timeout: float = 600) -> str | None:
+    """Load `path` in llama.cpp and generate 4 greedy tokens from `prompt` in a child process: None if it
+    worked, else what went wrong. A crash inside llama.cpp (a segfault ends the whole process) is reported
+    here instead of ending the benchmark."""
+    package_parent = str(Path(__file__).resolve().parents[2])
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [package_parent, os.environ.get("PYTHONPATH")])))
+    args = [str(path), str(threads), ",".join(map(str, prompt)), "1" if extra_bufts else "0"]
+    code = "import sys; from minillama.bench.llamacpp import _probe_child; _probe_child(*sys.argv[1:])"
+    try:
+        done = subprocess.run([sys.executable, "-c", code, *args], env=env, capture_output=True, text=True,
+                              timeout=timeout)  # fmt: skip
+    except subprocess.TimeoutExpired:
+        return f"no answer in {timeout:.0f} s"
+    if done.returncode == 0:
+        return None
+    if done.returncode < 0:
+        return f"the process was killed by signal {-done.returncode}"
+    return f"exit status {done.returncode}: {done.stderr.strip().splitlines()[-1] if done.stderr.strip() else ''}"
+
+
+def _probe_child(path: str, threads: str, prompt: str, extra_bufts: str) -> None:
+    ids = [int(t) for t in prompt.split(",")]
+    runner = LlamaCpp(Path(path), Path(path).stem, int(threads), len(ids) + 4, extra_bufts=extra_bufts == "1")
+    runner.run(ids, 4)
+
+
+def usable_extra_bufts(path: Path, threads: int, prompt: list[int], log) -> tuple[bool, str | None]:
+    """Whether llama.cpp runs `path` with its extra weight buffers (its default), and if not, why: some builds
+    crash in their AMX matrix product on some CPUs (ggml-org/llama.cpp issue 20824, "segfault in
+    ggml_backend_amx_mul_mat"; seen here with llama-cpp-python 0.3.36 on Q8_0 and Q4_0, an Intel Xeon with
+    AMX). Then the file runs with them off (plain CPU layouts, no repacking), and the results say so."""
+    failed = probe(path, threads, prompt, extra_bufts=True)
+    if failed is None:
+        return True, None
+    log(f"llama.cpp failed on {path.name} with its extra weight buffers (repacked/AMX layouts): {failed}; "
+        "trying without them")  # fmt: skip
+    again = probe(path, threads, prompt, extra_bufts=False)
+    if again is not None:
+        raise RuntimeError(
+            f"llama.cpp cannot run {path.name} on this machine (with its extra weight buffers: {failed}; "
+            f"without: {again}). Leave its row out (--rows) or try another llama-cpp-python build."
+        )
+    return False, f"with its extra weight buffers (repacked/AMX layouts) llama.cpp failed ({failed}): run without them"
+
+
 class LlamaCpp:
     """llama.cpp on one GGUF file."""
 
     impl = "llama.cpp"
 
-    def __init__(self, path: Path, kind: str, threads: int, n_ctx: int):
+    def __init__(self, path: Path, kind: str, threads: int, n_ctx: int, extra_bufts: bool = True):
         llama_cpp = llama_cpp_module()
-        self.variant, self.path = kind, path
-        self.llm = llama_cpp.Llama(
-            str(path), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, n_batch=n_ctx, verbose=False
-        )
+        self.variant, self.path, self.extra_bufts = kind, path, extra_bufts
+        with extra_buffer_types(extra_bufts):
+            self.llm = llama_cpp.Llama(
+                str(path), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, n_batch=n_ctx, verbose=False
+            )
         self.threads = threads
 
     def run(self, prompt: list[int], new_tokens: int):
@@ -276,7 +348,10 @@ def _run(llama_cpp, checkpoint, rows, new_tokens, repeats, threads, gguf_dir, co
                 if not path.exists():
                     log(f"writing {path.name}")
                     save_gguf(base, path, kind, tokenizer=source)
-                runners.append((row, LlamaCpp(path, kind, threads, n_ctx)))
+                extra, why = usable_extra_bufts(path, threads, prompt, log)
+                if why:
+                    config.setdefault("llama_cpp_without_extra_bufts", {})[kind] = why
+                runners.append((row, LlamaCpp(path, kind, threads, n_ctx, extra_bufts=extra)))
             for variant in variants:
                 model = minillama_model(base, variant)
                 model.setup_cache(batch_size=1, max_seq_len=n_ctx)
@@ -442,6 +517,8 @@ def table(results: dict) -> str:
             f"{r['row']:7} {r['impl']:10} {r['variant']:14} {r['bits_per_weight']:6.2f} "
             f"{r['decode_ms_per_token']:7.2f} {r['decode_tok_s']:6.1f} {r['achieved_GBps']:5.1f} {agree:>5}"
         )
+    for kind, why in c.get("llama_cpp_without_extra_bufts", {}).items():
+        lines.append(f"{kind}: {why}")
     ceil = results["ceilings"]
     matvec = ", ".join(f"{k} {v:.1f}" for k, v in ceil["matvec_GBps"].items())
     lines.append(f"ceilings: copy {ceil['copy_GBps']:.1f} GB/s; default matvec {matvec} GB/s")
