@@ -633,3 +633,37 @@ def test_no_role_is_written_inside_a_code_span(notebook):
         f"{notebook.name}: a role inside a code span renders as its source, not its value; "
         "take it out of the backticks: " + "; ".join(problems)
     )
+
+
+def _sanitise(text: str) -> str:
+    """A stored or fresh output as nbval compares it: tests/nbval_sanitize.cfg's rules in file order."""
+    import configparser
+
+    cfg = configparser.ConfigParser()
+    cfg.read(ROOT / "tests" / "nbval_sanitize.cfg")
+    for section in cfg.sections():
+        text = re.sub(cfg[section]["regex"], cfg[section]["replace"], text)
+    return text
+
+
+@pytest.mark.parametrize(
+    ("stored", "fresh"),
+    [  # pairs an AMD EPYC (AVX2) and an Intel Xeon (AVX-512) run of the same cell glued
+        ("863.1141", "863.1145"),  # ch2: the largest |x| of a float32 forward
+        ("29.0169", "29.0179"),  # ch2: a ratio of mean errors over that forward
+        ("3.2154e-07", "3.2159e-07"),
+        ("0.12345", "0.12349"),
+        ("12345.678", "12345.9"),
+    ],
+)
+def test_glued_floats_compare_to_four_significant_digits(stored, fresh):
+    assert _sanitise(stored) == _sanitise(fresh)
+
+
+@pytest.mark.parametrize(
+    ("stored", "fresh"),
+    [("863.1", "864.1"), ("29.01", "29.11"), ("1.523", "1.524"), ("0.1234", "0.1244"), ("12345.6", "12346.6"),
+     ("-2.5", "2.5"), ("1.2e-07", "1.2e-08")],
+)
+def test_glued_floats_that_differ_in_four_digits_still_differ(stored, fresh):
+    assert _sanitise(stored) != _sanitise(fresh)
