@@ -73,6 +73,9 @@ CPU_FLOAT32_OPTIONS: dict = {**CPU_OPTIONS, "max_autotune_gemm_backends": "CPP"}
 # on an AVX-512 CPU. On an AVX2-only CPU oneDNN has no bf16 kernel and freezing leaves each linear to ATen's
 # matmul; whether "CPP,ATEN" does better there is not yet measured
 CPU_BF16_OPTIONS: dict = {"freezing": True}
+# float16 weights take CPU_OPTIONS: the template's micro-kernel (fp16 read, fp32 accumulate) wins the timing for
+# every matrix, and SmolLM2-135M's fp16 step ran at 0.85x llama.cpp's F16 (bfloat16 frozen: 0.77x) with
+# llama.cpp's greedy tokens, on an AVX-512 Xeon (benchmarks/llamacpp/intel-xeon-avx512/*-2026-12-04-fp16.json)
 # on an accelerator Inductor's default (Triton kernels, no autotuning) is the step chapter 8 measures
 ACCELERATOR_OPTIONS: dict = {}
 

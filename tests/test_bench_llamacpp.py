@@ -11,6 +11,7 @@ from conftest import random_model
 from test_gguf import smol_path  # noqa: F401 (a fixture)
 from test_write_gguf import smol_shaped
 
+import minillama as ml
 from minillama import save_gguf
 from minillama.bench import llamacpp
 from minillama.bench.cli import main
@@ -169,3 +170,18 @@ def test_extra_buffer_types_changes_the_defaults_only_inside_the_block(crashing_
     assert api.llama_model_default_params().use_extra_bufts is True
     with llamacpp.extra_buffer_types(True):
         assert api.llama_model_default_params().use_extra_bufts is True
+
+
+def test_the_16_bit_row_runs_minillama_in_bfloat16_and_in_float16():
+    # float16 is llama.cpp's own 16-bit format (F16): the row pairs it with both of minillama's 16-bit copies
+    assert llamacpp.ROWS["16-bit"] == (("F16",), ("bf16", "fp16"))
+    base = random_model(ml.MODELS["tiny"])
+    for variant, dtype in [("bf16", torch.bfloat16), ("fp16", torch.float16)]:
+        copy = llamacpp.minillama_model(base, variant)
+        assert copy is not base and {p.dtype for p in copy.parameters()} == {dtype}
+        for (name, ours), theirs in zip(copy.state_dict().items(), base.state_dict().values()):
+            if ours.is_floating_point() and ".cache." not in name:
+                assert torch.equal(ours, theirs.to(dtype)), name  # rounded once, from the float32 weights
+    assert {p.dtype for p in base.parameters()} == {torch.float32}  # the source is left as it was
+    with pytest.raises(ValueError, match="fp16"):
+        llamacpp.minillama_model(base, "fp8")

@@ -9,7 +9,8 @@ weights in its own formats. Each row of the comparison pairs one width of weight
 
   row      llama.cpp                         minillama
   32-bit   F32                               fp32 (the source weights, exactly)
-  16-bit   F16                               bf16 (the weights rounded to bfloat16)
+  16-bit   F16                               bf16 (the weights rounded to bfloat16), fp16 (rounded to
+                                             float16, the format of llama.cpp's F16)
   8-bit    Q8_0 (int8, f16 scale per 32)     int8 (`ml.quantize`: one scale per output channel)
   4-bit    Q4_0, Q4_1 (per 32)               int4-g32 (`ml.quantize`: scale and zero per 32)
 
@@ -21,7 +22,7 @@ the same thread count, one prompt at a time: prefill, then one decode step per t
 interleaved (each repeat runs every runner once, in an order rotated by the repeat), so load on a shared
 machine falls on all of them; medians are reported, and the ratios are taken within the run (also repeat
 by repeat: `paired`). Beside them the machine's own ceilings (`ceilings.py`): the copy bandwidth and the
-bandwidth of the default matrix-vector products on the fp32 and bf16 weights. The greedy tokens of every
+bandwidth of the default matrix-vector products on the fp32, bf16 and fp16 weights. The greedy tokens of every
 runner are compared with llama.cpp's F32 tokens (positions identical before the first difference).
 
 Not here: the GGUF writer (`minillama/checkpoint/write_gguf.py`), the timing helpers (`timing.py`).
@@ -62,7 +63,7 @@ PROMPT = [{"role": "user", "content": "Explain, step by step, how a language mod
 # row -> (llama.cpp's ggml types, minillama's variants), in the order of the table
 ROWS = {
     "32-bit": (("F32",), ("fp32",)),
-    "16-bit": (("F16",), ("bf16",)),
+    "16-bit": (("F16",), ("bf16", "fp16")),
     "8-bit": (("Q8_0",), ("int8",)),
     "4-bit": (("Q4_0", "Q4_1"), ("int4-g32",)),
 }
@@ -246,9 +247,12 @@ class Minillama:
 
 
 def minillama_model(base, variant: str):
-    """A copy of `base` (float32) in `variant`'s format: fp32, bf16, int8 (bf16 activations) or int4-gN."""
+    """A copy of `base` (float32) in `variant`'s format: fp32, bf16, fp16, int8 (bf16 activations) or
+    int4-gN."""
     if variant == "fp32":
         return base
+    if variant == "fp16":
+        return copy.deepcopy(base).to(torch.float16)
     model = copy.deepcopy(base).to(torch.bfloat16)
     if variant == "bf16":
         return model
@@ -256,7 +260,9 @@ def minillama_model(base, variant: str):
         return quantize(model, "int8")
     if variant.startswith("int4-g"):
         return quantize(model, "int4", group_size=int(variant.removeprefix("int4-g")))
-    raise ValueError(f"unknown minillama variant {variant!r}; use fp32, bf16, int8 or int4-g32/64/128/256")
+    raise ValueError(
+        f"unknown minillama variant {variant!r}; use fp32, bf16, fp16, int8 or int4-g32/64/128/256"
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -438,11 +444,11 @@ def _compiled(model, variant: str, threads: int, log):
 
 
 def _ceilings(runners, log) -> dict:
-    """Copy bandwidth, and the default (eager) matrix-vector products over the fp32 and bf16 weights."""
+    """Copy bandwidth, and the default (eager) matrix-vector products over the fp32, bf16 and fp16 weights."""
     log("ceilings: copy and matvec")
     out = {"copy_GBps": copy_bandwidth("cpu") / 1e9, "matvec_GBps": {}}
     for _, r in runners:
-        if r.impl == "minillama" and r.variant in ("fp32", "bf16"):
+        if r.impl == "minillama" and r.variant in ("fp32", "bf16", "fp16"):
             nbytes, _ = r.weight_bytes()
             seconds = statistics.median(matvec_seconds(r.model, steps=4) for _ in range(3))
             out["matvec_GBps"][r.variant] = nbytes / seconds / 1e9
