@@ -1,18 +1,22 @@
 """SmolLM2-135M's decode step on this CPU, eager against compiled, per weight format (chapter 8, issue 24).
 
-The trained model (`ml.fetch("smollm2-135m")`, dequantised to float32 by `ml.load`) in four formats:
-fp32, bf16, and `ml.quantize`'s int8 (per channel) and int4 (groups of 32; 576 inputs rule out 128)
-on the bf16 model. Batch 1, greedy. For each format these decode steps, all in one process:
+The trained model (`ml.fetch("smollm2-135m")`, dequantised by `ml.load`) in five formats: fp32, bf16,
+fp16 (`ml.compile_decode`'s default for it: `CPU_OPTIONS`), and `ml.quantize`'s int8 (per channel) and
+int4 (groups of 32; 576 inputs rule out 128) on the bf16 model. Batch 1, greedy. For each format these decode steps, all in one process:
 
   eager        `decode_one_token` (the layers call MKL's GEMV / the int8 and int4 ATen kernels)
   compile      `torch.compile(fullgraph=True)` with Inductor's defaults (options {})
   cpp          `minillama.compiled.CPU_OPTIONS`: max_autotune with the C++ GEMM template and ATen as
                candidates, frozen weights (`ml.compile_decode`'s default for int8 and int4)
-  cpp-wrapper  the same plus `cpp_wrapper=True` (the step's Python wrapper generated as C++)
   cpp-only     the template alone (`max_autotune_gemm_backends="CPP"`, `CPU_FLOAT32_OPTIONS`:
-               `ml.compile_decode`'s default for fp32); cpp-only-wrapper: with `cpp_wrapper=True`
+               `ml.compile_decode`'s default for fp32)
   frozen       frozen weights without autotuning (fp32 linears go to MKL's packed GEMM, bf16 to oneDNN):
                `CPU_BF16_OPTIONS`, `ml.compile_decode`'s default for bf16
+  *-python     each of the three with `cpp_wrapper=False`: the step's wrapper (the code calling its
+               kernels) in Python, as Inductor generates it by default; the three above generate it as
+               C++ (`cpp_wrapper=True`, in `ml.compile_decode`'s settings since benchmarks/results/
+               intel-xeon-avx512/compile-cpu.json measured it; the runs committed before it have
+               no `cpp_wrapper` in their recorded options)
 
 Each variant is compiled once (its compile time recorded), then timed in interleaved rounds (a shared
 CPU is noisy: every round runs each variant in turn; the medians over rounds, and the ratios within
@@ -49,22 +53,25 @@ from minillama.compiled import (
 from minillama.decode import decode_one_token, prefill
 from minillama.quantize import Int4Linear, Int8Linear
 
-FORMATS = ("fp32", "bf16", "int8", "int4")
+FORMATS = ("fp32", "bf16", "fp16", "int8", "int4")
 VARIANTS = {
     "eager": None,
     "compile": {},
     "cpp": dict(CPU_OPTIONS),
-    "cpp-wrapper": {**CPU_OPTIONS, "cpp_wrapper": True},
     "cpp-only": dict(CPU_FLOAT32_OPTIONS),
-    "cpp-only-wrapper": {**CPU_FLOAT32_OPTIONS, "cpp_wrapper": True},
     "frozen": dict(CPU_BF16_OPTIONS),
+    # the same with the step's wrapper in Python (what runs committed before cpp_wrapper=True measured)
+    "cpp-python": {**CPU_OPTIONS, "cpp_wrapper": False},
+    "cpp-only-python": {**CPU_FLOAT32_OPTIONS, "cpp_wrapper": False},
+    "frozen-python": {**CPU_BF16_OPTIONS, "cpp_wrapper": False},
 }
 # what runs by default: in fp32 the defaults, both candidate sets and the template alone; in bf16 both
 # candidate sets and ATen's kernels alone (frozen); in int8 and int4 ml.compile_decode's settings (cpp)
-# and the template alone
+# and the template alone; in fp16 its setting (cpp)
 PLAN = {
     "fp32": ("eager", "compile", "cpp", "cpp-only"),
     "bf16": ("eager", "cpp", "frozen"),
+    "fp16": ("eager", "cpp"),
     "int8": ("eager", "cpp", "cpp-only"),
     "int4": ("eager", "cpp", "cpp-only"),
 }
@@ -72,7 +79,8 @@ PROMPT = "The three primary colours are"
 
 
 def build(fmt: str, path) -> nn.Module:
-    model = ml.load(path, dtype=torch.float32 if fmt == "fp32" else torch.bfloat16, progress=False)
+    dtype = {"fp32": torch.float32, "fp16": torch.float16}.get(fmt, torch.bfloat16)
+    model = ml.load(path, dtype=dtype, progress=False)
     if fmt == "int8":
         ml.quantize(model, "int8")
     elif fmt == "int4":

@@ -12,6 +12,8 @@ GEMV, behind `F.linear`) reads a large fp32 matrix well below a plain copy's ban
   call, and the faster one is kept (`CPU_OPTIONS`, for int8 and int4 weights); for float32 weights the
   template alone (`CPU_FLOAT32_OPTIONS`), and for bfloat16 weights no timing and ATen's oneDNN linear
   alone (`CPU_BF16_OPTIONS`): why, beside each;
+- `cpp_wrapper`: the code that calls the step's kernels one after another is generated as C++, not
+  Python, which takes the interpreter's work per kernel call out of every step;
 - `freezing`: the weights become constants of the compiled graph, so the template can repack each
   one, once, into the blocked layout its kernel streams through (the model's own tensors stay as they
   are; the packed copies take as much memory again);
@@ -58,6 +60,11 @@ CPU_OPTIONS: dict = {
     "max_autotune": True,
     "max_autotune_gemm_backends": "CPP,ATEN",
     "freezing": True,
+    # the step's wrapper (the code that allocates buffers and calls each kernel in turn, hundreds of calls
+    # per step) generated as C++ instead of Python: in every format the step took less time with it, in
+    # paired rounds on an AVX-512 Xeon (benchmarks/results/intel-xeon-avx512/compile-cpu.json, the
+    # "-python" variants without it), at the price of compiling that wrapper too
+    "cpp_wrapper": True,
 }
 # float32 weights: the template alone. With ATen among the candidates, freezing first rewrites every
 # float32 linear to MKL's packed GEMM (`mkl._mkl_linear`), and autotuning keeps MKL for the large
@@ -72,7 +79,7 @@ CPU_FLOAT32_OPTIONS: dict = {**CPU_OPTIONS, "max_autotune_gemm_backends": "CPP"}
 # the time (benchmarks/compile_cpu.py's bf16 "cpp" and "frozen" rows; chapter 8 prints the rounds), all
 # on an AVX-512 CPU. On an AVX2-only CPU oneDNN has no bf16 kernel and freezing leaves each linear to ATen's
 # matmul; whether "CPP,ATEN" does better there is not yet measured
-CPU_BF16_OPTIONS: dict = {"freezing": True}
+CPU_BF16_OPTIONS: dict = {"freezing": True, "cpp_wrapper": True}
 # float16 weights take CPU_OPTIONS: the template's micro-kernel (fp16 read, fp32 accumulate) wins the timing for
 # every matrix, and SmolLM2-135M's fp16 step ran at 0.85x llama.cpp's F16 (bfloat16 frozen: 0.77x) with
 # llama.cpp's greedy tokens, on an AVX-512 Xeon (benchmarks/llamacpp/intel-xeon-avx512/*-2026-12-04-fp16.json)

@@ -172,6 +172,29 @@ def test_extra_buffer_types_changes_the_defaults_only_inside_the_block(crashing_
         assert api.llama_model_default_params().use_extra_bufts is True
 
 
+def test_a_compiled_runner_records_its_inductor_settings():
+    # ml.compile_decode's defaults change over time (cpp_wrapper joined them): a run says which it used
+    class Step:
+        options, compile_s = {"freezing": True, "cpp_wrapper": True}, 1.5
+
+    class Runner:
+        impl, variant, threads = "minillama", "fp32-compiled", 2
+
+        def weight_bytes(self):
+            return 100, 50
+
+    compiled = Runner()
+    compiled.step = Step()
+    times = [(0.1, 0.5), (0.1, 0.7)]
+    entry = llamacpp._entry("32-bit", compiled, times, {"fp32-compiled": [1, 2]}, 3.0, 11)
+    assert entry["compile_options"] == Step.options and entry["compile_s"] == 1.5
+    assert entry["decode_ms_per_token"] == pytest.approx(60.0)  # median of 50 and 70 ms over 10 steps
+    eager = Runner()
+    eager.variant = "fp32"
+    entry = llamacpp._entry("32-bit", eager, times, {"fp32": [1, 2]}, 3.0, 11)
+    assert "compile_options" not in entry and "compile_s" not in entry
+
+
 def test_the_16_bit_row_runs_minillama_in_bfloat16_and_in_float16():
     # float16 is llama.cpp's own 16-bit format (F16): the row pairs it with both of minillama's 16-bit copies
     assert llamacpp.ROWS["16-bit"] == (("F16",), ("bf16", "fp16"))

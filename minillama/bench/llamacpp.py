@@ -422,6 +422,8 @@ def _entry(row: str, r, times: list, tokens: dict, warm_s: float, new_tokens: in
         },
         "warm_up_s": warm_s,  # a compiled step's compilation included
         **({"compile_s": r.step.compile_s} if hasattr(getattr(r, "step", None), "compile_s") else {}),
+        # the Inductor settings of a compiled step (ml.compile_decode's defaults change over time)
+        **({"compile_options": dict(r.step.options)} if hasattr(getattr(r, "step", None), "options") else {}),
         "tokens": tokens[r.variant],
     }
     if "F32" in tokens:
