@@ -2,7 +2,8 @@
 
 The trained model (`ml.fetch("smollm2-135m")`, dequantised by `ml.load`) in five formats: fp32, bf16,
 fp16 (`ml.compile_decode`'s default for it: `CPU_OPTIONS`), and `ml.quantize`'s int8 (per channel) and
-int4 (groups of 32; 576 inputs rule out 128) on the bf16 model. Batch 1, greedy. For each format these decode steps, all in one process:
+int4 (groups of 32; 576 inputs rule out 128) on the bf16 model. Batch 1, greedy. For each format these
+decode steps, all in one process:
 
   eager        `decode_one_token` (the layers call MKL's GEMV / the int8 and int4 ATen kernels)
   compile      `torch.compile(fullgraph=True)` with Inductor's defaults (options {})

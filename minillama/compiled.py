@@ -61,9 +61,10 @@ CPU_OPTIONS: dict = {
     "max_autotune_gemm_backends": "CPP,ATEN",
     "freezing": True,
     # the step's wrapper (the code that allocates buffers and calls each kernel in turn, hundreds of calls
-    # per step) generated as C++ instead of Python: in every format the step took less time with it, in
-    # paired rounds on an AVX-512 Xeon (benchmarks/results/intel-xeon-avx512/compile-cpu.json, the
-    # "-python" variants without it), at the price of compiling that wrapper too
+    # per step) generated as C++ instead of Python: by the medians of paired rounds on an AVX-512 Xeon the
+    # Python wrapper's step took 1.002x (fp16) to 1.11x (bf16) as long, never less, in every format
+    # (benchmarks/results/intel-xeon-avx512/compile-cpu.json, the "-python" variants), at the price of
+    # 11-25 s more compile time
     "cpp_wrapper": True,
 }
 # float32 weights: the template alone. With ATen among the candidates, freezing first rewrites every
@@ -82,7 +83,8 @@ CPU_FLOAT32_OPTIONS: dict = {**CPU_OPTIONS, "max_autotune_gemm_backends": "CPP"}
 CPU_BF16_OPTIONS: dict = {"freezing": True, "cpp_wrapper": True}
 # float16 weights take CPU_OPTIONS: the template's micro-kernel (fp16 read, fp32 accumulate) wins the timing for
 # every matrix, and SmolLM2-135M's fp16 step ran at 0.85x llama.cpp's F16 (bfloat16 frozen: 0.77x) with
-# llama.cpp's greedy tokens, on an AVX-512 Xeon (benchmarks/llamacpp/intel-xeon-avx512/*-2026-12-04-fp16.json)
+# llama.cpp's greedy tokens, on an AVX-512 Xeon (benchmarks/llamacpp/intel-xeon-avx512/*-2026-12-04-fp16.json);
+# with cpp_wrapper 0.92x (*-2026-12-04-cpp-wrapper.json)
 # on an accelerator Inductor's default (Triton kernels, no autotuning) is the step chapter 8 measures
 ACCELERATOR_OPTIONS: dict = {}
 
