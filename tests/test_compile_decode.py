@@ -119,7 +119,7 @@ def test_each_format_gets_its_kernels(compiled):
     fmt, model, _, _, _, code = compiled
     step = compile_decode(model)
     # every format: the wrapper that calls the kernels is generated as C++ (`cpp_wrapper`), its entry
-    # point a C++ function, not a Python `call` (benchmarks/results/intel-xeon-avx512/compile-cpu.json)
+    # point a C++ function (benchmarks/results/intel-xeon-avx512/compile-cpu.json)
     assert "void inductor_entry_impl(" in code and "cpp_wrapper/cpu.h" in code, f"{fmt}: a Python wrapper"
     if fmt == "fp32":
         assert step.options == CPU_FLOAT32_OPTIONS
@@ -131,7 +131,7 @@ def test_each_format_gets_its_kernels(compiled):
         # q, k, v, o, gate, up, down in each of the 2 blocks, and the head: oneDNN's linear, or on a CPU
         # without bf16 instructions (an AVX2-only CPU; oneDNN then has no bf16 kernel) ATen's matmul
         # (called from the C++ wrapper through the shim: aoti_torch_cpu__linear_pointwise[_binary], or
-        # for ATen's matmul aoti_torch_cpu_mm_out, a name not seen here: this CPU has bf16 instructions)
+        # for ATen's matmul aoti_torch_cpu_mm_out, the name a compiled bf16 torch.mm gets in torch 2.13)
         oneDNN = torch.ops.mkldnn._is_mkldnn_bf16_supported()
         kernel = r"aoti_torch_cpu__linear_pointwise\w*\(" if oneDNN else r"aoti_torch_cpu_mm_out\("
         linears = len(re.findall(kernel, code))
