@@ -328,6 +328,11 @@ const own = (e, what) => {
 article.querySelectorAll('table:not(.ml-table)').forEach(t => own(t.closest('.pst-scrollable-table-container') || t,
   'a table'));
 article.querySelectorAll('.cell_output pre').forEach(e => own(e, 'a text output'));
+// printed text wraps (no number behind a sideways scroll); only printed source code (ml-source) may scroll
+article.querySelectorAll('.cell_output pre').forEach(e => {
+  if (!e.closest('.ml-source') && wide(e))
+    found.push(`a text output in ${cellName(e)} is ${e.scrollWidth} px in ${e.clientWidth} px: it must wrap`);
+});
 article.querySelectorAll('pre').forEach(e => { if (!e.closest('.cell_output')) own(e, 'code'); });
 article.querySelectorAll('mjx-container[display="true"]').forEach((m, i) => own(m, `display equation ${i + 1}`));
 // figures: <img> in outputs (measured in Python), and inline SVG (measured here)
@@ -537,6 +542,24 @@ def test_nbval_markers_are_not_shown(page, site):
                 assert not word or word[0] in html, (
                     f"{page}: a marked cell lost more than its marker: {rest[0]!r}"
                 )
+
+
+@pytest.mark.parametrize("page", CHAPTERS)
+def test_printed_source_is_marked_and_nothing_else(page, site):
+    """A cell's text output is marked `ml-source` (it scrolls on a phone; every other printed output wraps) exactly
+    when the cell prints source with inspect.getsource (book/_ext/minillama_site.py)."""
+    import json
+
+    html = (site / f"{page}.html").read_text()
+    cells = json.loads((ROOT / f"{page}.ipynb").read_text())["cells"]
+    printing = sum(
+        1 for c in cells
+        if c["cell_type"] == "code" and re.search(r"\bgetsource(lines)?\(", "".join(c["source"]))
+        and any(o.get("output_type") == "stream" for o in c.get("outputs", []))
+    )
+    marked = len(re.findall(r'<div class="[^"]*\bml-source\b', html))
+    assert marked >= printing, f"{page}: {printing} cells print source, {marked} outputs marked ml-source"
+    assert (printing == 0) == (marked == 0), f"{page}: {marked} outputs marked, {printing} cells print source"
 
 
 def test_some_chapter_has_nbval_markers():

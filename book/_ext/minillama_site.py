@@ -180,6 +180,25 @@ def _strip_nbval_markers(app, doctree):
             block += nodes.Text(cleaned)
 
 
+SOURCE_PRINT = re.compile(r"\bgetsource(lines)?\(")
+
+
+def _mark_source_outputs(app, doctree, docname):
+    """A cell that prints source code (`inspect.getsource`) marks its text output `ml-source`: on a phone that
+    output keeps its lines and scrolls sideways like code, while every other printed output wraps
+    (book/_static/minillama.css)."""
+    for cell in doctree.findall(nodes.container):
+        if "cell" not in cell.get("classes", []):
+            continue
+        inputs = [c for c in cell.children if "cell_input" in c.get("classes", [])]
+        if not any(SOURCE_PRINT.search(block.astext()) for c in inputs for block in c.findall(nodes.literal_block)):
+            continue
+        for output in cell.children:
+            if "cell_output" in output.get("classes", []):
+                for block in output.findall(nodes.literal_block):
+                    block["classes"].append("ml-source")
+
+
 FIGURE_CAPTION = re.compile(r"\AFigure \d+\.\d+ —")
 
 
@@ -206,6 +225,7 @@ def setup(app):
     app.connect("config-inited", _use_local_mathjax, priority=900)  # after sphinx.ext.mathjax's defaults
     app.connect("doctree-read", _strip_nbval_markers)
     app.connect("doctree-read", _figure_alt_text)
+    app.connect("doctree-resolved", _mark_source_outputs)  # after MyST-NB renders the outputs
     app.connect("html-page-context", _drop_duplicate_scripts, priority=900)  # after the themes add theirs
     app.add_css_file("minillama.css")
     app.connect("build-finished", _copy_mathjax)
