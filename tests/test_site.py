@@ -547,15 +547,15 @@ def test_nbval_markers_are_not_shown(page, site):
 @pytest.mark.parametrize("page", CHAPTERS)
 def test_printed_source_is_marked_and_nothing_else(page, site):
     """A cell's text output is marked `ml-source` (it scrolls on a phone; every other printed output wraps) exactly
-    when the cell prints source with inspect.getsource (book/_ext/minillama_site.py)."""
+    when the cell prints source (inspect.getsource, reference_lines; book/_ext/minillama_site.py)."""
     import json
 
     html = (site / f"{page}.html").read_text()
     cells = json.loads((ROOT / f"{page}.ipynb").read_text())["cells"]
     printing = sum(
         1 for c in cells
-        if c["cell_type"] == "code" and re.search(r"\bgetsource(lines)?\(", "".join(c["source"]))
-        and any(o.get("output_type") == "stream" for o in c.get("outputs", []))
+        if c["cell_type"] == "code" and re.search(r"\b(getsource(lines)?|reference_lines)\(", "".join(c["source"]))
+        and any(o.get("output_type") == "stream" or "text/plain" in o.get("data", {}) for o in c.get("outputs", []))
     )
     marked = len(re.findall(r'<div class="[^"]*\bml-source\b', html))
     assert marked >= printing, f"{page}: {printing} cells print source, {marked} outputs marked ml-source"

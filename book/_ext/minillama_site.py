@@ -180,13 +180,13 @@ def _strip_nbval_markers(app, doctree):
             block += nodes.Text(cleaned)
 
 
-SOURCE_PRINT = re.compile(r"\bgetsource(lines)?\(")
+SOURCE_PRINT = re.compile(r"\b(getsource(lines)?|reference_lines)\(")  # inspect's, and minillama.sources's
 
 
 def _mark_source_outputs(app, doctree, docname):
-    """A cell that prints source code (`inspect.getsource`) marks its text output `ml-source`: on a phone that
-    output keeps its lines and scrolls sideways like code, while every other printed output wraps
-    (book/_static/minillama.css)."""
+    """A cell that prints source code (`inspect.getsource`, `ml.sources.reference_lines`) marks its text output
+    `ml-source`: on a phone that output keeps its lines and scrolls sideways like code, while every other printed
+    output wraps (book/_static/minillama.css)."""
     for cell in doctree.findall(nodes.container):
         if "cell" not in cell.get("classes", []):
             continue
