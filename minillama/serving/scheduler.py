@@ -56,7 +56,7 @@ class Scheduler:
             if not self._grow(seq, seq.computed + n, batch):
                 continue  # it was the youngest: preempted itself
             batch[seq] = n
-            left = self.budget - sum(batch.values())
+            left = self.budget - sum(batch.values())  # recounted: _grow may have preempted an earlier entry
         # admit nobody in a step that had to preempt: memory is short, and the victim would come straight back
         while (
             self.waiting and left > 0 and len(self.running) < self.max_batch and self.preemptions == preempted
