@@ -563,6 +563,15 @@ def test_printed_source_is_marked_and_nothing_else(page, site):
     assert (printing == 0) == (marked == 0), f"{page}: {marked} outputs marked, {printing} cells print source"
 
 
+@pytest.mark.parametrize("page", CHAPTERS)
+def test_consecutive_prints_are_one_box(page, site):
+    """Prints a notebook stored as separate outputs (a print's last newline may arrive on its own) show as one box,
+    not a box and an empty one; prints separated by a table or figure stay apart (book/_ext/minillama_site.py)."""
+    html = (site / f"{page}.html").read_text()
+    split = re.findall(r'</pre></div>\s*</div>\s*<div class="output stream', html)
+    assert not split, f"{page}: {len(split)} printed outputs split into boxes that follow each other"
+
+
 def test_some_chapter_has_nbval_markers():
     """Not vacuous: the marker-removal test above sees at least one marked cell."""
     text = "".join((ROOT / f"{p}.ipynb").read_text() for p in CHAPTERS)

@@ -220,12 +220,32 @@ def _figure_alt_text(app, doctree):
             image["alt"] = caption.astext()
 
 
+def _join_adjacent_streams(app, doctree, docname):
+    """Consecutive prints that the notebook stored as separate outputs (a kernel may send a print's final newline
+    on its own) are shown as one box, as a notebook shows them; prints separated by a table or a figure keep
+    their place (`nb_merge_streams` is off in _config.yml because it moved every print above the first table)."""
+    for output in doctree.findall(nodes.container):
+        if "cell_output" not in output.get("classes", []):
+            continue
+        kept = None
+        for child in list(output.children):
+            stream = isinstance(child, nodes.literal_block) and "stream" in child.get("classes", [])
+            if stream and kept is not None and child.get("classes") == kept.get("classes"):
+                text = kept.astext() + child.astext()
+                kept.children = [nodes.Text(text)]
+                kept.rawsource = text
+                output.remove(child)
+            else:
+                kept = child if stream else None
+
+
 def setup(app):
     app.connect("config-inited", _fill_footer)
     app.connect("config-inited", _use_local_mathjax, priority=900)  # after sphinx.ext.mathjax's defaults
     app.connect("doctree-read", _strip_nbval_markers)
     app.connect("doctree-read", _figure_alt_text)
     app.connect("doctree-resolved", _mark_source_outputs)  # after MyST-NB renders the outputs
+    app.connect("doctree-resolved", _join_adjacent_streams)
     app.connect("html-page-context", _drop_duplicate_scripts, priority=900)  # after the themes add theirs
     app.add_css_file("minillama.css")
     app.connect("build-finished", _copy_mathjax)
