@@ -573,6 +573,23 @@ def test_consecutive_prints_are_one_box(page, site):
     assert not split, f"{page}: {len(split)} printed outputs split into boxes that follow each other"
 
 
+def test_pasted_clauses_are_not_bold(site):
+    """Pasted numbers are bold (book/how_to_read.md); a pasted clause of words is marked `pasted-words`, which the
+    CSS sets in the body's weight (book/_ext/minillama_site.py). Not vacuous: some chapter pastes a clause."""
+    clauses = 0
+    for page in CHAPTERS:
+        html = (site / f"{page}.html").read_text()
+        for classes, text in re.findall(r'<span class="(pasted-text[^"]*)">([^<]*)</span>', html):
+            if re.search(r"[A-Za-z]{3,}", text):
+                clauses += 1
+                assert "pasted-words" in classes, f"{page}: pasted clause {text[:60]!r} is not marked"
+            else:
+                assert "pasted-words" not in classes, f"{page}: pasted number {text!r} is marked as words"
+    assert clauses > 0
+    css = (ROOT / "book" / "_static" / "minillama.css").read_text()
+    assert re.search(r"span\.pasted-text\.pasted-words\s*\{\s*font-weight:\s*inherit", css)
+
+
 def test_some_chapter_has_nbval_markers():
     """Not vacuous: the marker-removal test above sees at least one marked cell."""
     text = "".join((ROOT / f"{p}.ipynb").read_text() for p in CHAPTERS)

@@ -239,6 +239,18 @@ def _join_adjacent_streams(app, doctree, docname):
                 kept = child if stream else None
 
 
+WORDS = re.compile(r"[A-Za-z]{3,}")
+
+
+def _mark_pasted_words(app, doctree, docname):
+    """A pasted value that is words, not a number (a glued clause such as "every request but the first"), is marked
+    `pasted-words` and set in the body's weight: MyST-NB sets every pasted value in bold, and the book keeps bold for
+    pasted numbers (book/how_to_read.md), so a clause no longer shouts in the middle of a sentence."""
+    for node in doctree.findall(nodes.inline):
+        if "pasted-text" in node.get("classes", []) and WORDS.search(node.astext()):
+            node["classes"].append("pasted-words")
+
+
 def setup(app):
     app.connect("config-inited", _fill_footer)
     app.connect("config-inited", _use_local_mathjax, priority=900)  # after sphinx.ext.mathjax's defaults
@@ -246,6 +258,7 @@ def setup(app):
     app.connect("doctree-read", _figure_alt_text)
     app.connect("doctree-resolved", _mark_source_outputs)  # after MyST-NB renders the outputs
     app.connect("doctree-resolved", _join_adjacent_streams)
+    app.connect("doctree-resolved", _mark_pasted_words)
     app.connect("html-page-context", _drop_duplicate_scripts, priority=900)  # after the themes add theirs
     app.add_css_file("minillama.css")
     app.connect("build-finished", _copy_mathjax)
